@@ -1,0 +1,12 @@
+"""Caller side of the rollout protocol: ``RolloutClient`` and the awaitable ``RolloutHandle``."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("rollout-client")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = ["__version__"]

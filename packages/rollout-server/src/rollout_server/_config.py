@@ -1,0 +1,113 @@
+"""The shared shape of workflow and grader configs: name, description, concurrency, extras."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Self
+
+import attrs
+
+__all__ = ["BaseConfig", "ConcurrencyConfig"]
+
+
+def _max_concurrent(_inst: object, _attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(
+            f"concurrency.max_concurrent must be an int of at least 1, or None for no limit; "
+            f"got {value!r}"
+        )
+
+
+def _name(_inst: object, _attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"config name must be a non-empty string; got {value!r}")
+
+
+def _description(_inst: object, _attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"config description must be a string or None; got {value!r}")
+
+
+def _extra(_inst: object, _attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise TypeError(f"config extra must be a dict with string keys; got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ConcurrencyConfig:
+    """How many rollouts may run at once.
+
+    Attributes:
+        max_concurrent: The slot count (an int of at least 1), or None (the default) for
+            no limit.
+    """
+
+    max_concurrent: int | None = attrs.field(default=None, validator=_max_concurrent)
+
+
+def _concurrency(value: Any) -> ConcurrencyConfig:
+    if isinstance(value, ConcurrencyConfig):
+        return value
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"max_concurrent"}
+        if unknown:
+            raise ValueError(
+                f"concurrency accepts only 'max_concurrent'; unknown keys: {sorted(unknown)}"
+            )
+        return ConcurrencyConfig(**value)
+    raise TypeError(
+        f"concurrency must be a ConcurrencyConfig or a mapping like "
+        f"{{'max_concurrent': 4}}; got {value!r}"
+    )
+
+
+@attrs.frozen(kw_only=True)
+class BaseConfig:
+    """Fields every workflow and grader config has.
+
+    Extra keys are allowed: they live in ``extra`` and read as attributes
+    (``config.temperature`` finds ``extra["temperature"]``). Subclass with more attrs
+    fields for typed settings.
+
+    Attributes:
+        name: What the workflow or grader is called (non-empty).
+        description: Free text, or None.
+        concurrency: The concurrency settings; a mapping is converted.
+        extra: Further settings by name.
+    """
+
+    name: str = attrs.field(validator=_name)
+    description: str | None = attrs.field(default=None, validator=_description)
+    concurrency: ConcurrencyConfig = attrs.field(
+        factory=ConcurrencyConfig, converter=_concurrency
+    )
+    extra: dict[str, Any] = attrs.field(factory=dict, validator=_extra)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Self:
+        """Build a config from a mapping (a parsed YAML/JSON/TOML document).
+
+        Keys that are fields of the class fill them; every other key goes to ``extra``.
+
+        Raises:
+            ValueError, TypeError: When a field's value is invalid or ``name`` is missing.
+        """
+        if not isinstance(data, Mapping):
+            raise TypeError(f"{cls.__name__}.from_mapping() needs a mapping; got {data!r}")
+        fields = {field.alias for field in attrs.fields(cls)} - {"extra"}
+        known = {key: value for key, value in data.items() if key in fields}
+        extra = {key: value for key, value in data.items() if key not in fields}
+        if "name" not in known:
+            raise ValueError(f"{cls.__name__} needs a 'name'")
+        return cls(**known, extra={**dict(data.get("extra") or {}), **extra})
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only when normal lookup fails: serve extra keys as attributes.
+        if not name.startswith("__"):
+            try:
+                extra = object.__getattribute__(self, "extra")
+            except AttributeError:
+                extra = {}
+            if name in extra:
+                return extra[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

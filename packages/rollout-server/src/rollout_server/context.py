@@ -1,0 +1,123 @@
+"""The ambient rollout context: what agent code needs, reachable without plumbing.
+
+The server binds a :class:`RolloutContext` around each ``backend.execute()`` call, so
+workflow code anywhere below it can call :func:`get_rollout_context` to find the chat
+endpoint, the LLM key and the rollout id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import attrs
+
+from rollout_types import RolloutStatus
+
+from .backend import Sample
+
+__all__ = [
+    "CHAT_COMPLETIONS_URL_ENV",
+    "LLM_API_KEY_ENV",
+    "RolloutContext",
+    "bind_rollout_context",
+    "current_rollout_context",
+    "get_rollout_context",
+]
+
+CHAT_COMPLETIONS_URL_ENV: Final = "OSMOSIS_CHAT_COMPLETIONS_URL"
+"""Fallback for an empty ``chat_completions_url`` (as osmosis-ai reads it)."""
+
+LLM_API_KEY_ENV: Final = "OSMOSIS_API_KEY"
+"""Fallback for a missing or empty ``llm_api_key`` (as osmosis-ai reads it)."""
+
+_current: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar(
+    "rollout_context", default=None
+)
+
+
+@attrs.define(kw_only=True, eq=False)
+class RolloutContext:
+    """What a running rollout's code may read and do.
+
+    Attributes:
+        rollout_id: The admitted id.
+        chat_completions_url: OpenAI-style base URL of the policy model (agent SDKs append
+            ``/chat/completions``); from the request, else ``$OSMOSIS_CHAT_COMPLETIONS_URL``.
+        api_key: Key for that endpoint; ``llm_api_key``, else ``$OSMOSIS_API_KEY``.
+        process_id: The serving process's id (``/health`` ``process_id``).
+    """
+
+    rollout_id: str
+    chat_completions_url: str
+    api_key: str | None = attrs.field(default=None, repr=False)
+    process_id: str = ""
+    _on_status: Callable[[RolloutStatus], None] = attrs.field(
+        default=lambda _status: None, repr=False, alias="on_status"
+    )
+    _sample_source: Callable[[], Sample | None] | None = attrs.field(default=None, repr=False)
+
+    @classmethod
+    def from_request(
+        cls,
+        *,
+        rollout_id: str,
+        chat_completions_url: str,
+        llm_api_key: str | None,
+        process_id: str,
+        on_status: Callable[[RolloutStatus], None],
+    ) -> RolloutContext:
+        """Build the context of one rollout, applying the environment fallbacks."""
+        return cls(
+            rollout_id=rollout_id,
+            chat_completions_url=chat_completions_url
+            or os.environ.get(CHAT_COMPLETIONS_URL_ENV, ""),
+            api_key=llm_api_key or os.environ.get(LLM_API_KEY_ENV) or None,
+            process_id=process_id,
+            on_status=on_status,
+        )
+
+    def set_status(self, status: RolloutStatus) -> None:
+        """Report a non-terminal status change; ignored once the rollout has finished."""
+        self._on_status(status)
+
+    def register_sample_source(self, source: Callable[[], Sample | None]) -> None:
+        """Register where the sample comes from when a workflow's ``run()`` returns None."""
+        self._sample_source = source
+
+    def sample_from_source(self) -> Sample | None:
+        """The sample of the registered source, or None when none is registered."""
+        return None if self._sample_source is None else self._sample_source()
+
+
+def current_rollout_context() -> RolloutContext | None:
+    """The context of the rollout this code runs for, or None outside a rollout."""
+    return _current.get()
+
+
+def get_rollout_context() -> RolloutContext:
+    """The context of the rollout this code runs for.
+
+    Raises:
+        RuntimeError: When called outside a rollout's execution.
+    """
+    context = _current.get()
+    if context is None:
+        raise RuntimeError(
+            "no rollout context: get_rollout_context() works only inside code that a "
+            "rollout server runs for a rollout (a workflow, a grader, or what they call)"
+        )
+    return context
+
+
+@contextlib.contextmanager
+def bind_rollout_context(context: RolloutContext) -> Iterator[RolloutContext]:
+    """Make ``context`` the ambient rollout context inside the ``with`` block."""
+    token = _current.set(context)
+    try:
+        yield context
+    finally:
+        _current.reset(token)

@@ -1,0 +1,95 @@
+"""Wire models of the rollout protocol, shared by ``rollout-client`` and ``rollout-server``.
+
+The models are frozen attrs classes; :data:`converter` is the one cattrs converter that
+turns them into, and back from, the JSON documents an osmosis-ai 0.3.8 peer exchanges.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .constants import (
+    DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+    DEFAULT_RESULT_RETENTION_SEC,
+    DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    LEASE_HEADER,
+    OSMOSIS_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_HEADER,
+    protocol_compatible,
+)
+from .converter import (
+    REDACTED,
+    converter,
+    dumps,
+    header_error,
+    is_secret_key,
+    loads,
+    redact,
+    structure_wire,
+)
+from .enums import (
+    TERMINAL_STATUSES,
+    CancelDisposition,
+    RolloutErrorCategory,
+    RolloutStatus,
+    is_terminal,
+)
+from .errors import FieldValueError, RolloutTypesError, WireValidationError
+from .models import (
+    CancelRolloutsRequest,
+    CancelRolloutsResponse,
+    RolloutHealth,
+    RolloutInitRequest,
+    RolloutInitResponse,
+    RolloutLifecycle,
+    RolloutResultResponse,
+    RolloutSample,
+    is_single_path_segment,
+)
+from .sanitize import fit_json, json_safe_sample, scrub_text
+
+try:
+    __version__ = version("rollout-types")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "DEFAULT_POLLING_LEASE_TIMEOUT_SEC",
+    "DEFAULT_RESULT_RETENTION_SEC",
+    "DEFAULT_RESULT_WAIT_TIMEOUT_SEC",
+    "LEASE_HEADER",
+    "OSMOSIS_PROTOCOL_VERSION",
+    "PROTOCOL_VERSION",
+    "PROTOCOL_VERSION_HEADER",
+    "REDACTED",
+    "TERMINAL_STATUSES",
+    "CancelDisposition",
+    "CancelRolloutsRequest",
+    "CancelRolloutsResponse",
+    "FieldValueError",
+    "RolloutErrorCategory",
+    "RolloutHealth",
+    "RolloutInitRequest",
+    "RolloutInitResponse",
+    "RolloutLifecycle",
+    "RolloutResultResponse",
+    "RolloutSample",
+    "RolloutStatus",
+    "RolloutTypesError",
+    "WireValidationError",
+    "__version__",
+    "converter",
+    "dumps",
+    "fit_json",
+    "header_error",
+    "is_secret_key",
+    "is_single_path_segment",
+    "is_terminal",
+    "json_safe_sample",
+    "loads",
+    "protocol_compatible",
+    "redact",
+    "scrub_text",
+    "structure_wire",
+]
