@@ -5,8 +5,21 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .app import ROLLOUT_SERVER_KEY, RolloutServer, create_rollout_server
 from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
+from .categorize import categorize_exception
 from .context import RolloutContext, current_rollout_context, get_rollout_context
+from .errors import RolloutServerError, ServerConfigError, ServeTargetError
+from .grader import Grader, GraderConfig, GraderContext
+from .local_backend import LocalBackend
+from .shutdown import ShutdownTimeouts
+from .workflow import (
+    AgentWorkflow,
+    AgentWorkflowConfig,
+    AgentWorkflowOutput,
+    ConcurrencyConfig,
+    WorkflowContext,
+)
 
 try:
     __version__ = version("rollout-server")
@@ -14,13 +27,30 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "ROLLOUT_SERVER_KEY",
+    "AgentWorkflow",
+    "AgentWorkflowConfig",
+    "AgentWorkflowOutput",
+    "ConcurrencyConfig",
     "ExecutionBackend",
     "ExecutionOutcome",
     "ExecutionRequest",
     "ExecutionResult",
+    "Grader",
+    "GraderConfig",
+    "GraderContext",
+    "LocalBackend",
     "RolloutContext",
+    "RolloutServer",
+    "RolloutServerError",
     "Sample",
+    "ServeTargetError",
+    "ServerConfigError",
+    "ShutdownTimeouts",
+    "WorkflowContext",
     "__version__",
+    "categorize_exception",
+    "create_rollout_server",
     "current_rollout_context",
     "get_rollout_context",
 ]

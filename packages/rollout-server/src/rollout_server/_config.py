@@ -65,9 +65,8 @@ def _concurrency(value: Any) -> ConcurrencyConfig:
 class BaseConfig:
     """Fields every workflow and grader config has.
 
-    Extra keys are allowed: they live in ``extra`` and read as attributes
-    (``config.temperature`` finds ``extra["temperature"]``). Subclass with more attrs
-    fields for typed settings.
+    Extra keys are allowed: they live in ``extra`` (``config.get("temperature")`` reads
+    one). For typed settings, subclass with more fields (``@attrs.frozen(kw_only=True)``).
 
     Attributes:
         name: What the workflow or grader is called (non-empty).
@@ -78,9 +77,7 @@ class BaseConfig:
 
     name: str = attrs.field(validator=_name)
     description: str | None = attrs.field(default=None, validator=_description)
-    concurrency: ConcurrencyConfig = attrs.field(
-        factory=ConcurrencyConfig, converter=_concurrency
-    )
+    concurrency: ConcurrencyConfig = attrs.field(factory=ConcurrencyConfig, converter=_concurrency)
     extra: dict[str, Any] = attrs.field(factory=dict, validator=_extra)
 
     @classmethod
@@ -96,18 +93,11 @@ class BaseConfig:
             raise TypeError(f"{cls.__name__}.from_mapping() needs a mapping; got {data!r}")
         fields = {field.alias for field in attrs.fields(cls)} - {"extra"}
         known = {key: value for key, value in data.items() if key in fields}
-        extra = {key: value for key, value in data.items() if key not in fields}
+        extra = {key: value for key, value in data.items() if key not in fields and key != "extra"}
         if "name" not in known:
             raise ValueError(f"{cls.__name__} needs a 'name'")
         return cls(**known, extra={**dict(data.get("extra") or {}), **extra})
 
-    def __getattr__(self, name: str) -> Any:
-        # Called only when normal lookup fails: serve extra keys as attributes.
-        if not name.startswith("__"):
-            try:
-                extra = object.__getattribute__(self, "extra")
-            except AttributeError:
-                extra = {}
-            if name in extra:
-                return extra[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    def get(self, key: str, default: Any = None) -> Any:
+        """The extra setting ``key``, or ``default`` when it is absent."""
+        return self.extra.get(key, default)

@@ -27,10 +27,9 @@ class ConcurrencyLimiter:
     """
 
     def __init__(self, max_concurrent: int | None) -> None:
-        if max_concurrent is not None and (
-            not isinstance(max_concurrent, int)
-            or isinstance(max_concurrent, bool)
-            or max_concurrent < 1
+        given: object = max_concurrent
+        if given is not None and (
+            not isinstance(given, int) or isinstance(given, bool) or given < 1
         ):
             raise ValueError(
                 f"max_concurrent must be an int of at least 1, or None for no limit; "

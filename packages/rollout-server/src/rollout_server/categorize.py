@@ -14,7 +14,11 @@ __all__ = [
 ]
 
 HTTP_ERROR_CLASS_NAMES: Final = frozenset(
-    {"SandboxConnectionException", "SandboxRateLimitException", "PoolStateStoreUnavailableException"}
+    {
+        "SandboxConnectionException",
+        "SandboxRateLimitException",
+        "PoolStateStoreUnavailableException",
+    }
 )
 """Class names (anywhere in the MRO) that always mean an infrastructure failure."""
 

@@ -1,0 +1,187 @@
+"""The execution task of one rollout: call the backend, pick the result, make it wire-safe.
+
+This is spec section 4.7: the task reports ``running`` (unless the backend reports its own
+queue status), binds the ambient :class:`~rollout_server.context.RolloutContext`, awaits
+``backend.execute()``, selects the result to report, runs the wire-sample pipeline and
+publishes. Cancellation publishes ``cancelled``; anything that escapes is a task crash,
+which the registry publishes as ``internal_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import numbers
+from typing import Any, Final
+
+import attrs
+
+from rollout_types import (
+    RolloutErrorCategory,
+    RolloutSample,
+    RolloutStatus,
+    is_terminal,
+    json_safe_sample,
+    scrub_text,
+)
+
+from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
+from .categorize import categorize_exception
+from .context import RolloutContext, bind_rollout_context
+from .registry import RolloutRecord, RolloutRegistry
+
+__all__ = ["run_execution", "select_result", "wire_result"]
+
+logger: Final = logging.getLogger("rollout_server.execution")
+
+CANCELLED_MESSAGE: Final = "cancelled"
+FALLBACK_MESSAGE: Final = "Internal server error"
+
+
+def select_result(outcome: ExecutionOutcome) -> ExecutionResult:
+    """Choose the result to report (spec section 4.7 step 4).
+
+    A failed workflow reports itself (borrowing the grader's sample if it has none); a
+    successful one reports the grader result when grading produced one.
+    """
+    workflow, grader = outcome.workflow, outcome.grader
+    if workflow.status != RolloutStatus.SUCCESS:
+        if workflow.sample is None and grader is not None and grader.sample is not None:
+            return attrs.evolve(workflow, sample=grader.sample)
+        return workflow
+    return grader if grader is not None else workflow
+
+
+def _wire_reward(value: Any) -> float | None:
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        if math.isfinite(number):
+            return number
+    return None
+
+
+def _wire_sample(sample: Sample, status: RolloutStatus, rollout_id: str) -> RolloutSample:
+    if not isinstance(sample, Sample):
+        raise TypeError(
+            "an ExecutionResult's sample must be a rollout_server.Sample; "
+            f"got {type(sample).__name__}"
+        )
+    messages: Any = sample.messages
+    if isinstance(messages, tuple):
+        messages = list(messages)
+    if not isinstance(messages, list):
+        logger.warning(
+            "Rollout %s: sample.messages is a %s, not a list; sending no messages",
+            rollout_id,
+            type(messages).__name__,
+        )
+        messages = []
+    wire = json_safe_sample(
+        RolloutSample(
+            messages=messages,
+            label=sample.label,
+            reward=_wire_reward(sample.reward),
+            remove_sample=bool(sample.remove_sample),
+            metrics=sample.metrics,
+            extra_fields=sample.extra_fields,
+        ),
+        context=rollout_id,
+    )
+    if wire.reward is not None and (status != RolloutStatus.SUCCESS or wire.remove_sample):
+        wire = attrs.evolve(wire, reward=None)
+    return wire
+
+
+def wire_result(rollout_id: str, result: ExecutionResult) -> dict[str, Any]:
+    """Turn the reported result into the fields to publish (spec section 4.7 steps 6-7).
+
+    The sample loses ``trajectory_messages``, is made JSON-safe and has its reward nulled
+    unless the status is ``success`` and ``remove_sample`` is false; ``err_message`` is
+    made valid UTF-8. A non-terminal or unknown status is a backend contract violation,
+    reported as ``failure`` / ``internal_error``.
+    """
+    try:
+        status = RolloutStatus(result.status)
+    except ValueError:
+        status = RolloutStatus.UNKNOWN
+    if not is_terminal(status):
+        return {
+            "status": RolloutStatus.FAILURE,
+            "sample": None,
+            "err_message": (
+                f"backend reported the non-terminal status {str(result.status)!r} as the "
+                "outcome; an outcome's status must be success, failure or cancelled"
+            ),
+            "err_category": RolloutErrorCategory.INTERNAL_ERROR,
+        }
+    sample = None if result.sample is None else _wire_sample(result.sample, status, rollout_id)
+    err_message = None if result.err_message is None else scrub_text(str(result.err_message))
+    err_category: RolloutErrorCategory | None = None
+    if result.err_category is not None:
+        try:
+            err_category = RolloutErrorCategory(result.err_category)
+        except ValueError:
+            logger.warning(
+                "Rollout %s: unknown err_category %r reported; sending agent_error",
+                rollout_id,
+                result.err_category,
+            )
+            err_category = RolloutErrorCategory.AGENT_ERROR
+    return {
+        "status": status,
+        "sample": sample,
+        "err_message": err_message,
+        "err_category": err_category,
+    }
+
+
+async def run_execution(
+    *,
+    registry: RolloutRegistry,
+    backend: ExecutionBackend,
+    record: RolloutRecord,
+    request: ExecutionRequest,
+    process_id: str,
+) -> None:
+    """The body of one rollout's execution task.
+
+    Args:
+        registry: Where the result is published.
+        backend: What executes the rollout.
+        record: The rollout's registry record.
+        request: What the backend receives.
+        process_id: The server instance's ``process_id`` (for the ambient context).
+    """
+    rollout_id = record.rollout_id
+    if not backend.reports_queue_status:
+        registry.set_status(record, RolloutStatus.RUNNING)
+    context = RolloutContext.from_request(
+        rollout_id=rollout_id,
+        chat_completions_url=request.chat_completions_url,
+        llm_api_key=request.llm_api_key,
+        process_id=process_id,
+        on_status=request.on_status,
+    )
+    try:
+        with bind_rollout_context(context):
+            outcome = await backend.execute(request)
+        if not isinstance(outcome, ExecutionOutcome):
+            raise TypeError(
+                f"backend.execute() must return an ExecutionOutcome; got {type(outcome).__name__}"
+            )
+        fields = wire_result(rollout_id, select_result(outcome))
+    except asyncio.CancelledError:
+        registry.publish(record, status=RolloutStatus.CANCELLED, err_message=CANCELLED_MESSAGE)
+        logger.info("Rollout %s cancelled", rollout_id)
+        raise
+    except Exception as exc:
+        logger.error("Rollout %s failed", rollout_id, exc_info=True)
+        fields = {
+            "status": RolloutStatus.FAILURE,
+            "sample": None,
+            "err_message": scrub_text(str(exc)) or FALLBACK_MESSAGE,
+            "err_category": categorize_exception(exc),
+        }
+    if registry.publish_outcome(record, **fields):
+        logger.info("Rollout %s finished with status %s", rollout_id, fields["status"].value)

@@ -1,0 +1,559 @@
+"""The rollout registry: one record per admitted rollout, with its lease, result and retention.
+
+The registry owns every rollout's state. It runs on one event loop, so plain attribute
+updates between awaits need no lock; nothing on the poll path takes a global lock.
+
+Deadlines are loop timers, never sleeping tasks:
+
+* the lease timer of a record is armed once at registration and re-armed lazily: a poll
+  only moves ``lease_deadline``; when the timer fires early it re-arms itself at the new
+  deadline, so renewal costs one float assignment;
+* the retention timer is armed once, at publication.
+
+A long poll waits on a plain future in the record's waiter list, bounded by one
+``call_later`` handle; every status change resolves the list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, Final
+
+from rollout_types import (
+    CancelDisposition,
+    RolloutErrorCategory,
+    RolloutResultResponse,
+    RolloutSample,
+    RolloutStatus,
+    dumps,
+)
+
+__all__ = ["RolloutRecord", "RolloutRegistry"]
+
+logger: Final = logging.getLogger("rollout_server.registry")
+
+LEASE_EXPIRED_MESSAGE: Final = "polling lease expired"
+CRASH_MESSAGE: Final = "rollout task crashed"
+
+_TIMER_SLACK_SEC: Final = 0.001
+"""A lease timer that fires this close to its deadline counts as on time (loop timers may
+fire up to one clock tick early)."""
+
+_JSON_STR: Final = json.JSONEncoder(ensure_ascii=False).encode
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class RolloutRecord:
+    """The server-side state of one admitted rollout.
+
+    Attributes:
+        rollout_id: The admitted id.
+        status: The current status (the published one once :attr:`published`).
+        lease_deadline: Loop time (seconds) at which the polling lease lapses.
+        body: The encoded result document once published, else None.
+        disposition: The cancel disposition recorded for it, if any.
+        finished: Whether its execution task has completed (cleanup included).
+        delivered: Whether a poll has returned its published result.
+    """
+
+    __slots__ = (
+        "_collect_pending",
+        "_digest",
+        "_id_json",
+        "_lease_timer",
+        "_retention_elapsed",
+        "_retention_timer",
+        "_waiters",
+        "body",
+        "delivered",
+        "disposition",
+        "finished",
+        "lease_deadline",
+        "rollout_id",
+        "status",
+        "task",
+    )
+
+    def __init__(self, rollout_id: str, digest: bytes, lease_deadline: float) -> None:
+        self.rollout_id = rollout_id
+        self.status = RolloutStatus.QUEUED
+        self.lease_deadline = lease_deadline
+        self.body: bytes | None = None
+        self.disposition: CancelDisposition | None = None
+        self.finished = False
+        self.delivered = False
+        self.task: asyncio.Task[None] | None = None
+        self._digest = digest
+        self._id_json = _JSON_STR(rollout_id)
+        self._lease_timer: asyncio.TimerHandle | None = None
+        self._retention_timer: asyncio.TimerHandle | None = None
+        self._retention_elapsed = False
+        self._collect_pending = False
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def __repr__(self) -> str:
+        return f"<RolloutRecord {self.rollout_id!r} {self.status}>"
+
+    @property
+    def published(self) -> bool:
+        """Whether the result is fixed."""
+        return self.body is not None
+
+    def check_token(self, token: str) -> bool:
+        """Tell whether ``token`` is this rollout's lease token (constant-time compare)."""
+        return hmac.compare_digest(_digest(token), self._digest)
+
+    def progress_body(self) -> bytes:
+        """The result document of an in-progress rollout: its status, every other field null."""
+        return (
+            f'{{"rollout_id":{self._id_json},"status":"{self.status.value}",'
+            '"sample":null,"err_message":null,"err_category":null}'
+        ).encode()
+
+
+class RolloutRegistry:
+    """Every admitted rollout of one server, by id.
+
+    Args:
+        polling_lease_timeout_sec: Seconds without a poll before a rollout's lease lapses.
+        result_retention_sec: Seconds a published result stays (and its id stays reserved)
+            once the execution has finished.
+        on_lease_expired: Called with the record right after a lapsed lease has been
+            published as ``lease_expired`` (the server requests cancellation there).
+    """
+
+    def __init__(
+        self,
+        *,
+        polling_lease_timeout_sec: float,
+        result_retention_sec: float,
+        on_lease_expired: Callable[[RolloutRecord], None] = lambda _record: None,
+    ) -> None:
+        self._lease_sec = polling_lease_timeout_sec
+        self._retention_sec = result_retention_sec
+        self._on_lease_expired = on_lease_expired
+        self._records: dict[str, RolloutRecord] = {}
+        self._tasks: dict[asyncio.Task[None], RolloutRecord] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle: asyncio.Future[None] | None = None
+        self._collecting = False
+        self._undelivered = 0
+        self._delivered: asyncio.Future[None] | None = None
+        self._removal_waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._closed = False
+
+    # -- lookup ---------------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the registry runs on (the running loop at first use)."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def get(self, rollout_id: str) -> RolloutRecord | None:
+        """The record held for ``rollout_id``, or None."""
+        return self._records.get(rollout_id)
+
+    def __contains__(self, rollout_id: object) -> bool:
+        return rollout_id in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def ids(self) -> list[str]:
+        """Every id currently held (live or retained), in admission order."""
+        return list(self._records)
+
+    @property
+    def active(self) -> int:
+        """How many execution tasks have not completed (``lifecycle.active_rollouts``)."""
+        return len(self._tasks)
+
+    @property
+    def undelivered(self) -> int:
+        """How many results published since :meth:`start_collecting` no poll has returned."""
+        return self._undelivered
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+        return self._closed
+
+    # -- admission ------------------------------------------------------------------------
+
+    def register(
+        self,
+        rollout_id: str,
+        execution: Callable[[RolloutRecord], Coroutine[Any, Any, None]],
+    ) -> tuple[RolloutRecord, str]:
+        """Admit ``rollout_id``: create its record and lease and schedule its execution.
+
+        The caller has checked that the id is not held. Registration and task creation
+        happen in one step, so no cancel can see a record without its task.
+
+        Args:
+            rollout_id: The id to admit.
+            execution: Builds the execution coroutine for the new record.
+
+        Returns:
+            The record and the lease token (43 characters of base64url).
+        """
+        loop = self.loop
+        token = secrets.token_urlsafe(32)
+        record = RolloutRecord(rollout_id, _digest(token), loop.time() + self._lease_sec)
+        self._records[rollout_id] = record
+        try:
+            task = loop.create_task(execution(record), name=f"rollout:{rollout_id}")
+        except BaseException:
+            del self._records[rollout_id]
+            raise
+        record.task = task
+        self._tasks[task] = record
+        task.add_done_callback(self._on_task_done)
+        record._lease_timer = loop.call_at(record.lease_deadline, self._on_lease_timer, record)
+        return record, token
+
+    # -- progress and publication ---------------------------------------------------------
+
+    def set_status(self, record: RolloutRecord, status: RolloutStatus | str) -> None:
+        """Report a non-terminal status change; ignored once the result is published.
+
+        Terminal statuses are reported through the execution outcome, never here; an
+        unknown or terminal value is logged and ignored.
+        """
+        if record.body is not None:
+            return
+        try:
+            value = RolloutStatus(status)
+        except ValueError:
+            logger.warning(
+                "Ignoring unknown status %r reported for rollout %s", status, record.rollout_id
+            )
+            return
+        if value in (RolloutStatus.SUCCESS, RolloutStatus.FAILURE, RolloutStatus.CANCELLED):
+            logger.warning(
+                "Ignoring terminal status %r reported through on_status for rollout %s "
+                "(terminal results come from the execution outcome)",
+                value.value,
+                record.rollout_id,
+            )
+            return
+        if value is not record.status:
+            record.status = value
+            self._wake(record)
+
+    def publish(
+        self,
+        record: RolloutRecord,
+        *,
+        status: RolloutStatus,
+        sample: RolloutSample | None = None,
+        err_message: str | None = None,
+        err_category: RolloutErrorCategory | None = None,
+    ) -> bool:
+        """Fix the result of ``record``, unless one is fixed already (exactly once).
+
+        Wakes every long poll, stops the lease timer (the token stays valid) and starts
+        the retention timer.
+
+        Returns:
+            True if this call published, False if a result was already fixed.
+        """
+        if record.body is not None:
+            return False
+        body = dumps(
+            RolloutResultResponse(
+                rollout_id=record.rollout_id,
+                status=status,
+                sample=sample,
+                err_message=err_message,
+                err_category=err_category,
+            )
+        ).encode()
+        record.body = body
+        record.status = status
+        if record._lease_timer is not None:
+            record._lease_timer.cancel()
+            record._lease_timer = None
+        if self._collecting:
+            record._collect_pending = True
+            self._undelivered += 1
+        self._wake(record)
+        if not self._closed:
+            loop = self.loop
+            record._retention_timer = loop.call_at(
+                loop.time() + self._retention_sec, self._on_retention_elapsed, record
+            )
+        return True
+
+    def publish_outcome(
+        self,
+        record: RolloutRecord,
+        *,
+        status: RolloutStatus,
+        sample: RolloutSample | None,
+        err_message: str | None,
+        err_category: RolloutErrorCategory | None,
+    ) -> bool:
+        """Publish what the execution produced, unless the lease lapsed meanwhile.
+
+        A lapsed lease whose timer has not fired yet is published as ``lease_expired``
+        instead (and cancellation requested), as if the timer had won.
+
+        Returns:
+            True if the execution's result was published.
+        """
+        if record.body is None and self.loop.time() >= record.lease_deadline:
+            self._expire(record)
+            return False
+        return self.publish(
+            record, status=status, sample=sample, err_message=err_message, err_category=err_category
+        )
+
+    def mark_delivered(self, record: RolloutRecord) -> None:
+        """Note that a poll has returned the published result of ``record``."""
+        if record.delivered:
+            return
+        record.delivered = True
+        if record._collect_pending:
+            self._undelivered -= 1
+            if self._undelivered == 0 and self._delivered is not None:
+                _resolve(self._delivered)
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def renew(self, record: RolloutRecord) -> bool:
+        """Renew the lease of an unpublished rollout on the arrival of a valid poll.
+
+        Returns:
+            True if renewed; False if the lease had already lapsed, in which case the
+            result is now published as ``lease_expired``.
+        """
+        now = self.loop.time()
+        if now >= record.lease_deadline:
+            self._expire(record)
+            return False
+        record.lease_deadline = now + self._lease_sec
+        return True
+
+    def _on_lease_timer(self, record: RolloutRecord) -> None:
+        record._lease_timer = None
+        if record.body is not None:
+            return
+        loop = self.loop
+        if record.lease_deadline - loop.time() > _TIMER_SLACK_SEC:
+            record._lease_timer = loop.call_at(record.lease_deadline, self._on_lease_timer, record)
+            return
+        self._expire(record)
+
+    def _expire(self, record: RolloutRecord) -> None:
+        if self.publish(
+            record,
+            status=RolloutStatus.FAILURE,
+            err_message=LEASE_EXPIRED_MESSAGE,
+            err_category=RolloutErrorCategory.LEASE_EXPIRED,
+        ):
+            logger.info(
+                "Rollout %s: polling lease expired; requesting cancellation", record.rollout_id
+            )
+            self._on_lease_expired(record)
+
+    # -- long polls -----------------------------------------------------------------------
+
+    async def wait_change(self, record: RolloutRecord, seen: RolloutStatus, timeout: float) -> None:
+        """Wait until the status of ``record`` differs from ``seen``, at most ``timeout`` s.
+
+        Returns at once if it differs already, if the result is published, or once the
+        registry is closed.
+        """
+        if record.status is not seen or record.body is not None or self._closed:
+            return
+        loop = self.loop
+        fut: asyncio.Future[None] = loop.create_future()
+        waiters = record._waiters
+        if waiters is None:
+            waiters = record._waiters = []
+        waiters.append(fut)
+        timer = loop.call_later(timeout, _resolve, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            if not fut.done():
+                fut.cancel()
+            # Still listed after a timeout or a cancelled wait; a wake-up took the list.
+            current = record._waiters
+            if current is not None:
+                try:
+                    current.remove(fut)
+                except ValueError:
+                    pass
+
+    def _wake(self, record: RolloutRecord) -> None:
+        waiters = record._waiters
+        if waiters:
+            record._waiters = None
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    # -- cancellation ---------------------------------------------------------------------
+
+    def cancel_task(self, record: RolloutRecord) -> bool:
+        """Cancel the execution task of ``record`` unless it is done or already cancelling.
+
+        Returns:
+            True if a cancellation was requested now.
+        """
+        task = record.task
+        if task is None or task.done() or task.cancelling():
+            return False
+        task.cancel()
+        return True
+
+    def force_cancel(self) -> int:
+        """Cancel every active execution task again, even those already cancelling.
+
+        Returns:
+            How many tasks were cancelled.
+        """
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+    def unpublished(self) -> list[RolloutRecord]:
+        """The records whose result is not fixed yet."""
+        return [record for record in self._records.values() if record.body is None]
+
+    def publish_unfinished(self, err_message: str) -> int:
+        """Publish ``cancelled`` with ``err_message`` for every record without a result.
+
+        Returns:
+            How many records were published.
+        """
+        count = 0
+        for record in self.unpublished():
+            count += self.publish(record, status=RolloutStatus.CANCELLED, err_message=err_message)
+        return count
+
+    # -- task completion and retention ----------------------------------------------------
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        record = self._tasks.pop(task)
+        record.task = None
+        record.finished = True
+        if task.cancelled():
+            # Cancelled before it started (or the coroutine did not publish itself).
+            self.publish(record, status=RolloutStatus.CANCELLED)
+        else:
+            exc = task.exception()
+            if exc is not None:
+                logger.error("Rollout task for %s crashed", record.rollout_id, exc_info=exc)
+                self.publish(
+                    record,
+                    status=RolloutStatus.FAILURE,
+                    err_message=CRASH_MESSAGE,
+                    err_category=RolloutErrorCategory.INTERNAL_ERROR,
+                )
+            elif record.body is None:
+                logger.error("Rollout task for %s ended without a result", record.rollout_id)
+                self.publish(
+                    record,
+                    status=RolloutStatus.FAILURE,
+                    err_message=CRASH_MESSAGE,
+                    err_category=RolloutErrorCategory.INTERNAL_ERROR,
+                )
+        if record._retention_elapsed:
+            self._remove(record)
+        if not self._tasks and self._idle is not None:
+            _resolve(self._idle)
+            self._idle = None
+
+    def _on_retention_elapsed(self, record: RolloutRecord) -> None:
+        record._retention_timer = None
+        record._retention_elapsed = True
+        if record.finished:
+            self._remove(record)
+
+    def _remove(self, record: RolloutRecord) -> None:
+        if self._records.get(record.rollout_id) is not record:
+            return
+        del self._records[record.rollout_id]
+        if record._collect_pending and not record.delivered:
+            record._collect_pending = False
+            self._undelivered -= 1
+            if self._undelivered == 0 and self._delivered is not None:
+                _resolve(self._delivered)
+        for fut in self._removal_waiters.pop(record.rollout_id, ()):
+            _resolve(fut)
+
+    # -- waiting for the whole registry ---------------------------------------------------
+
+    def idle_future(self) -> asyncio.Future[None]:
+        """A future that is done once no execution task is active (done now if none is)."""
+        if self._idle is None or self._idle.done():
+            self._idle = self.loop.create_future()
+        if not self._tasks:
+            _resolve(self._idle)
+        return self._idle
+
+    def start_collecting(self) -> None:
+        """From now on, count published results until a poll has delivered each."""
+        self._collecting = True
+
+    def delivered_future(self) -> asyncio.Future[None]:
+        """A future that is done once every result counted since :meth:`start_collecting`
+        has been delivered (or removed)."""
+        if self._delivered is None or self._delivered.done():
+            self._delivered = self.loop.create_future()
+        if self._undelivered == 0:
+            _resolve(self._delivered)
+        return self._delivered
+
+    async def wait_removed(self, rollout_id: str) -> None:
+        """Wait until ``rollout_id`` is no longer held (retention over and execution done).
+
+        Returns at once if it is not held. The wait itself is unbounded: bound it with
+        ``asyncio.timeout()``.
+        """
+        if rollout_id not in self._records:
+            return
+        fut: asyncio.Future[None] = self.loop.create_future()
+        self._removal_waiters.setdefault(rollout_id, []).append(fut)
+        await fut
+
+    def iter_records(self) -> Iterator[RolloutRecord]:
+        """Every record held, in admission order."""
+        return iter(list(self._records.values()))
+
+    def close(self) -> None:
+        """Stop every lease and retention timer and answer every waiting long poll.
+
+        Records stay readable, so polls that arrive while the server stops listening still
+        get their result; later waits return at once.
+        """
+        self._closed = True
+        for record in self._records.values():
+            for timer in (record._lease_timer, record._retention_timer):
+                if timer is not None:
+                    timer.cancel()
+            record._lease_timer = None
+            record._retention_timer = None
+            self._wake(record)

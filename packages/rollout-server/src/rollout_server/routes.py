@@ -1,0 +1,192 @@
+"""The four protocol routes. Handlers stay thin: structure, call the server, unstructure.
+
+* ``GET /health``: backend health plus identity, lifecycle and protocol version;
+* ``POST /rollout``: 422 → 400 (pre-0.3.3 caller) → 503 → 429 → 409 → 202;
+* ``GET /rollout/{rollout_id}/result``: 422 → 404 → 403 → result, or renew and long-poll;
+* ``POST /rollout/cancel``: exactly one selector, one disposition per selected id.
+
+(401 and 426 come first, from the middleware.)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Final
+
+from aiohttp import hdrs, web
+
+from rollout_types import (
+    LEASE_HEADER,
+    CancelRolloutsRequest,
+    CancelRolloutsResponse,
+    RolloutInitRequest,
+    RolloutInitResponse,
+    RolloutStatus,
+    WireValidationError,
+    dumps,
+    header_error,
+    loads,
+    structure_wire,
+)
+
+from ._responses import detail_response, json_response
+
+if TYPE_CHECKING:
+    from .app import RolloutServer
+
+__all__ = ["build_routes"]
+
+SHUTTING_DOWN: Final = "rollout server is shutting down"
+QUEUE_FULL: Final = "rollout queue is full; retry later"
+DUPLICATE: Final = "rollout_id is already registered"
+UNKNOWN_ID: Final = "unknown rollout_id"
+BAD_LEASE: Final = "invalid polling lease"
+ONE_SELECTOR: Final = "pass exactly one selector: ids, prefix, or all"
+CALLBACK_PROTOCOL: Final = (
+    "this request uses the pre-0.3.3 callback protocol (completion_callback_url); this "
+    "rollout server speaks the pull protocol of osmosis-ai >= 0.3.3, which never calls "
+    "back: upgrade the caller (client) and the rollout server together"
+)
+
+DEFAULT_RETRY_AFTER_SEC: Final = 5.0
+RETRY_AFTER_BOUNDS_SEC: Final = (1.0, 60.0)
+
+
+def _bytes(detail: str) -> bytes:
+    return dumps({"detail": detail}).encode()
+
+
+_SHUTTING_DOWN_BODY: Final = _bytes(SHUTTING_DOWN)
+_QUEUE_FULL_BODY: Final = _bytes(QUEUE_FULL)
+_DUPLICATE_BODY: Final = _bytes(DUPLICATE)
+_UNKNOWN_ID_BODY: Final = _bytes(UNKNOWN_ID)
+_BAD_LEASE_BODY: Final = _bytes(BAD_LEASE)
+_ONE_SELECTOR_BODY: Final = _bytes(ONE_SELECTOR)
+_CALLBACK_BODY: Final = _bytes(CALLBACK_PROTOCOL)
+
+
+def retry_after_header(seconds: Any) -> str:
+    """The ``Retry-After`` value for a backend's hint: whole seconds, clamped to [1, 60].
+
+    A hint that is not a finite number gives the osmosis default of 5.
+    """
+    low, high = RETRY_AFTER_BOUNDS_SEC
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+    ):
+        seconds = DEFAULT_RETRY_AFTER_SEC
+    return str(math.ceil(min(max(float(seconds), low), high)))
+
+
+def build_routes(server: RolloutServer) -> list[web.RouteDef]:
+    """The route table of ``server``; handlers close over it (no per-request lookups)."""
+    registry = server.registry
+    backend = server.backend
+    wait_sec = server.result_wait_timeout_sec
+    max_body = server.max_body_bytes
+
+    def too_large() -> web.Response:
+        return detail_response(
+            413,
+            f"request body is larger than this server's limit of {max_body} bytes; send a "
+            "smaller body, or start the server with a higher max_body_bytes "
+            "(rollout-server serve --max-body-bytes)",
+        )
+
+    async def read_json(request: web.Request) -> Any:
+        length = request.content_length
+        if length is not None and length > max_body:
+            raise _TooLargeError
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _TooLargeError from None
+        return loads(body)
+
+    async def health(_request: web.Request) -> web.Response:
+        return json_response(200, dumps(server.health()))
+
+    async def admit(request: web.Request) -> web.Response:
+        try:
+            data = await read_json(request)
+            if type(data) is dict and data.get("completion_callback_url") is not None:
+                return json_response(400, _CALLBACK_BODY)
+            init = structure_wire(data, RolloutInitRequest)
+        except WireValidationError as exc:
+            return detail_response(422, exc.errors)
+        except _TooLargeError:
+            return too_large()
+        if not server.accepting_rollouts:
+            return json_response(503, _SHUTTING_DOWN_BODY)
+        if not backend.has_capacity():
+            return json_response(
+                429,
+                _QUEUE_FULL_BODY,
+                {hdrs.RETRY_AFTER: retry_after_header(server.retry_after_sec())},
+            )
+        if init.rollout_id in registry:
+            return json_response(409, _DUPLICATE_BODY)
+        token = server.admit(init)
+        return json_response(
+            202,
+            dumps(
+                RolloutInitResponse(
+                    rollout_id=init.rollout_id,
+                    status=RolloutStatus.QUEUED,
+                    polling_lease_token=token,
+                    result_wait_timeout_sec=wait_sec,
+                    polling_lease_timeout_sec=server.polling_lease_timeout_sec,
+                )
+            ),
+        )
+
+    async def result(request: web.Request) -> web.Response:
+        token = request.headers.get(LEASE_HEADER)
+        if not token:
+            return detail_response(422, header_error(LEASE_HEADER, token).errors)
+        rollout_id = request.match_info["rollout_id"]
+        record = registry.get(rollout_id)
+        if record is None:
+            return json_response(404, _UNKNOWN_ID_BODY)
+        if not record.check_token(token):
+            return json_response(403, _BAD_LEASE_BODY)
+        if record.body is None and registry.renew(record):
+            await registry.wait_change(record, record.status, wait_sec)
+            current = registry.get(rollout_id)
+            if current is None:
+                return json_response(404, _UNKNOWN_ID_BODY)
+            if current is not record:
+                if not current.check_token(token):
+                    return json_response(403, _BAD_LEASE_BODY)
+                record = current
+            if record.body is None:
+                return json_response(200, record.progress_body())
+        body = record.body
+        assert body is not None  # published: by now, or by the lapsed-lease check above
+        registry.mark_delivered(record)
+        return json_response(200, body)
+
+    async def cancel(request: web.Request) -> web.Response:
+        try:
+            selection = structure_wire(await read_json(request), CancelRolloutsRequest)
+        except WireValidationError as exc:
+            return detail_response(422, exc.errors)
+        except _TooLargeError:
+            return too_large()
+        if selection.selector_count != 1:
+            return json_response(422, _ONE_SELECTOR_BODY)
+        dispositions = await server.cancel(selection)
+        return json_response(200, dumps(CancelRolloutsResponse(dispositions=dict(dispositions))))
+
+    return [
+        web.get("/health", health, allow_head=False),
+        web.post("/rollout", admit),
+        web.get("/rollout/{rollout_id:[^/]+}/result", result, allow_head=False),
+        web.post("/rollout/cancel", cancel),
+    ]
+
+
+class _TooLargeError(Exception):
+    """The request body exceeds the server's ``max_body_bytes`` (answered with 413)."""

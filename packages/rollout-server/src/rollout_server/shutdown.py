@@ -1,0 +1,138 @@
+"""Staged shutdown that keeps results collectable.
+
+The stages, in order (each wait ends early once no execution is active):
+
+1. close admissions: ``POST /rollout`` answers 503 from now on, result polls keep working;
+2. wait up to :attr:`ShutdownTimeouts.drain_sec` for active executions to finish;
+3. request cancellation of everything still running (backend first, then the server's own
+   task, as ``POST /rollout/cancel`` with ``all``) and wait up to ``cleanup_sec``;
+4. hard-cancel the execution tasks still active and wait up to ``force_sec``;
+5. ``await backend.shutdown()``, bounded by ``backend_sec``;
+6. publish ``cancelled`` for any rollout still without a result (its task ignored every
+   cancellation), then give pollers up to ``collect_sec`` to collect the results published
+   since shutdown began (it ends early once each has been delivered at least once);
+7. close the registry: timers stop and waiting long polls answer at once.
+
+Only after that does the ``rollout-server`` command stop listening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from .errors import ServerConfigError
+
+if TYPE_CHECKING:
+    from .app import RolloutServer
+
+__all__ = ["ShutdownTimeouts", "run_staged_shutdown"]
+
+logger: Final = logging.getLogger("rollout_server.shutdown")
+
+SHUTDOWN_ERR_MESSAGE: Final = "rollout server shut down before the rollout finished"
+"""``err_message`` of a rollout whose execution outlived every shutdown stage."""
+
+
+def _non_negative_finite(_inst: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ServerConfigError(
+            f"{attribute.name} must be a finite number of seconds; got {value!r}"
+        )
+    if value < 0:
+        raise ServerConfigError(f"{attribute.name} must be >= 0 seconds; got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ShutdownTimeouts:
+    """How long each stage of the staged shutdown may take, in float seconds (all >= 0).
+
+    Attributes:
+        drain_sec: Wait for active executions to finish on their own; default 10.0.
+        cleanup_sec: Wait after requesting cancellation of everything; default 120.0.
+        force_sec: Wait after hard-cancelling the remaining tasks; default 10.0.
+        backend_sec: Bound on ``backend.shutdown()``; default 30.0.
+        collect_sec: Window for pollers to collect results published during the drain,
+            before the server stops listening; default 5.0.
+
+    Raises:
+        ServerConfigError: If a value is not a finite number >= 0.
+    """
+
+    drain_sec: float = attrs.field(default=10.0, validator=_non_negative_finite)
+    cleanup_sec: float = attrs.field(default=120.0, validator=_non_negative_finite)
+    force_sec: float = attrs.field(default=10.0, validator=_non_negative_finite)
+    backend_sec: float = attrs.field(default=30.0, validator=_non_negative_finite)
+    collect_sec: float = attrs.field(default=5.0, validator=_non_negative_finite)
+
+
+async def _wait_first(
+    fut: asyncio.Future[Any], hurry: asyncio.Future[None], timeout: float
+) -> bool:
+    """Wait for ``fut`` (or ``hurry``) at most ``timeout`` seconds; True if ``fut`` is done."""
+    if not fut.done() and not hurry.done() and timeout > 0:
+        await asyncio.wait((fut, hurry), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    return fut.done()
+
+
+async def run_staged_shutdown(
+    server: RolloutServer, timeouts: ShutdownTimeouts, *, collect: bool, hurry: asyncio.Future[None]
+) -> None:
+    """Run the shutdown stages of the module docstring for ``server``.
+
+    Args:
+        server: The server to shut down.
+        timeouts: The stage bounds.
+        collect: Whether to hold the collect window (False once listeners have stopped).
+        hurry: When done (a second signal), the remaining waits end at once.
+    """
+    registry = server.registry
+    server.begin_shutdown()
+    active = registry.active
+    if active:
+        logger.info("Draining %d in-flight rollout(s)", active)
+        await _wait_first(registry.idle_future(), hurry, timeouts.drain_sec)
+    active = registry.active
+    if active:
+        logger.info("Cancelling %d rollout(s) still running after the drain", active)
+        await server.cancel_everything()
+        await _wait_first(registry.idle_future(), hurry, timeouts.cleanup_sec)
+    active = registry.active
+    if active:
+        logger.warning(
+            "Rollout shutdown: cleanup is unconfirmed for %d rollout(s) after the cleanup "
+            "timeout; forcing cancellation.",
+            active,
+        )
+        registry.force_cancel()
+        await _wait_first(registry.idle_future(), hurry, timeouts.force_sec)
+    active = registry.active
+    if active:
+        logger.error("%d rollout execution(s) ignored forced cancellation; abandoning them", active)
+    await _shutdown_backend(server, timeouts.backend_sec)
+    abandoned = registry.publish_unfinished(SHUTDOWN_ERR_MESSAGE)
+    if abandoned:
+        logger.warning("Published 'cancelled' for %d unfinished rollout(s)", abandoned)
+    if collect and registry.undelivered:
+        logger.info(
+            "Waiting up to %.1fs for pollers to collect %d result(s)",
+            timeouts.collect_sec,
+            registry.undelivered,
+        )
+        await _wait_first(registry.delivered_future(), hurry, timeouts.collect_sec)
+    await server.close()
+    logger.info("Rollout server shutdown complete")
+
+
+async def _shutdown_backend(server: RolloutServer, timeout: float) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await server.backend.shutdown()
+    except TimeoutError:
+        logger.error("backend.shutdown() did not finish within %.1fs; continuing", timeout)
+    except Exception:
+        logger.exception("backend.shutdown() failed; continuing")

@@ -1,0 +1,352 @@
+"""Shared fixtures of rollout-server's tests.
+
+* Every async test runs under the default event loop and under uvloop (when installed),
+  through pytest-asyncio's ``pytest_asyncio_loop_factories`` hook.
+* ``ScriptedBackend`` is an in-memory :class:`~rollout_server.ExecutionBackend` whose
+  executions the test drives step by step (statuses, outcomes, crashes, cancellation).
+* ``make_harness`` serves ``create_rollout_server()`` over real HTTP on 127.0.0.1 with
+  short test timings and wraps the four routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from rollout_server import (
+    ROLLOUT_SERVER_KEY,
+    ExecutionBackend,
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
+    RolloutContext,
+    RolloutServer,
+    Sample,
+    ShutdownTimeouts,
+    create_rollout_server,
+    current_rollout_context,
+)
+from rollout_types import LEASE_HEADER, RolloutStatus
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+    uvloop = None  # type: ignore[assignment]
+
+EVENT_SEC = 10.0
+"""Upper bound on waiting for an event a test expects (never reached when all is well)."""
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
+    """Run every async test on the default loop and on uvloop."""
+    factories: dict[str, Any] = {"asyncio": asyncio.new_event_loop}
+    if uvloop is not None:
+        factories["uvloop"] = uvloop.new_event_loop
+    return factories
+
+
+def success(reward: float | None = 0.5, **fields: Any) -> ExecutionOutcome:
+    """A graded, successful outcome whose sample carries ``reward``."""
+    sample = Sample(messages=[{"role": "assistant", "content": "hi"}], reward=reward, **fields)
+    return ExecutionOutcome(
+        workflow=ExecutionResult(status=RolloutStatus.SUCCESS, sample=sample),
+        grader=ExecutionResult(status=RolloutStatus.SUCCESS, sample=sample),
+    )
+
+
+class ScriptedRun:
+    """One execution of :class:`ScriptedBackend`, driven by the test."""
+
+    def __init__(self, request: ExecutionRequest, ignore_cancel: bool | int) -> None:
+        self.request = request
+        self.ignore_cancel = ignore_cancel
+        """True: swallow every cancellation; an int: swallow that many."""
+        self.cancels_seen = 0
+        self.context: RolloutContext | None = current_rollout_context()
+        self.started = asyncio.Event()
+        self.cancel_seen = asyncio.Event()
+        self.finished = asyncio.Event()
+        self._release: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def status(self, status: RolloutStatus | str) -> None:
+        """Report a progress status through the request's ``on_status``."""
+        self.request.on_status(status)  # type: ignore[arg-type]
+
+    def finish(self, outcome: Any) -> None:
+        """Make ``execute()`` return ``outcome``."""
+        if not self._release.done():
+            self._release.set_result(outcome)
+
+    def succeed(self, reward: float | None = 0.5, **fields: Any) -> None:
+        """Make ``execute()`` return a successful outcome with ``reward``."""
+        self.finish(success(reward, **fields))
+
+    def raise_(self, exc: BaseException) -> None:
+        """Make ``execute()`` raise ``exc``."""
+        if not self._release.done():
+            self._release.set_exception(exc)
+
+    async def wait(self) -> Any:
+        """The body of ``execute()``: wait for the test's decision."""
+        try:
+            while True:
+                try:
+                    return await asyncio.shield(self._release)
+                except asyncio.CancelledError:
+                    self.cancels_seen += 1
+                    self.cancel_seen.set()
+                    if self.ignore_cancel is True or self.cancels_seen <= self.ignore_cancel:
+                        continue
+                    raise
+        finally:
+            self.finished.set()
+
+
+class ScriptedBackend(ExecutionBackend):
+    """An in-memory backend: each execution waits until the test finishes it.
+
+    Attributes:
+        runs: The latest execution per rollout id.
+        capacity: What ``has_capacity()`` answers.
+        retry_after: What ``retry_after_sec()`` answers (or raises, if an exception).
+        cancel_answers: What ``cancel_rollouts()`` returns (or raises, if an exception).
+        cancel_calls: The ``ids`` of every ``cancel_rollouts()`` call.
+        retained: What ``rollout_status(id)`` answers per id.
+        health_fields: What ``health()`` answers.
+        ignore_cancel: Whether new executions swallow cancellation (an int: how many
+            cancellations each swallows).
+    """
+
+    def __init__(self, *, ignore_cancel: bool | int = False) -> None:
+        self.runs: dict[str, ScriptedRun] = {}
+        self.capacity = True
+        self.retry_after: Any = 5.0
+        self.cancel_answers: Any = {}
+        self.cancel_calls: list[list[str] | None] = []
+        self.retained: dict[str, dict[str, Any]] = {}
+        self.health_fields: Any = {"status": "ok", "scripted": True}
+        self.ignore_cancel = ignore_cancel
+        self.shutdown_calls = 0
+        self.shutdown_hook: Callable[[], Awaitable[None]] | None = None
+        self._started: dict[str, asyncio.Event] = {}
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        run = ScriptedRun(request, self.ignore_cancel)
+        self.runs[request.id] = run
+        run.started.set()
+        self._started.setdefault(request.id, asyncio.Event()).set()
+        result: ExecutionOutcome = await run.wait()
+        return result
+
+    async def started(self, rollout_id: str) -> ScriptedRun:
+        """Wait (bounded) until the execution of ``rollout_id`` has started; return it."""
+        event = self._started.setdefault(rollout_id, asyncio.Event())
+        async with asyncio.timeout(EVENT_SEC):
+            await event.wait()
+        return self.runs[rollout_id]
+
+    def forget(self, rollout_id: str) -> None:
+        """Forget that ``rollout_id`` started (before re-admitting it)."""
+        self._started.pop(rollout_id, None)
+
+    def has_capacity(self) -> bool:
+        return self.capacity
+
+    def retry_after_sec(self) -> float:
+        if isinstance(self.retry_after, BaseException):
+            raise self.retry_after
+        value: float = self.retry_after
+        return value
+
+    def rollout_status(self, rollout_id: str) -> dict[str, Any] | None:
+        return self.retained.get(rollout_id)
+
+    async def cancel_rollouts(
+        self, *, ids: list[str] | None = None, prefix: str | None = None, all: bool = False
+    ) -> dict[str, str]:
+        self.cancel_calls.append(ids)
+        if isinstance(self.cancel_answers, BaseException):
+            raise self.cancel_answers
+        answers: dict[str, str] = self.cancel_answers
+        return answers
+
+    def health(self) -> dict[str, Any]:
+        fields: dict[str, Any] = self.health_fields
+        return fields
+
+    async def shutdown(self) -> None:
+        self.shutdown_calls += 1
+        if self.shutdown_hook is not None:
+            await self.shutdown_hook()
+
+
+class QueueReportingBackend(ScriptedBackend):
+    """A :class:`ScriptedBackend` that reports ``queued``/``running`` itself."""
+
+    reports_queue_status = True
+
+
+class Reply:
+    """A response as the tests see it: status, headers and decoded JSON body."""
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: Any, raw: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.json = body
+        self.raw = raw
+
+    def __repr__(self) -> str:
+        return f"<Reply {self.status} {self.raw[:200]!r}>"
+
+
+def init_body(rollout_id: str = "r1", **fields: Any) -> dict[str, Any]:
+    """A ``POST /rollout`` body as an osmosis-ai 0.3.8 client sends it (every key)."""
+    body: dict[str, Any] = {
+        "initial_messages": [{"role": "user", "content": "hello"}],
+        "rollout_id": rollout_id,
+        "chat_completions_url": "http://127.0.0.1:9/v1",
+        "label": "L",
+        "metadata": None,
+        "llm_api_key": None,
+        "grade": True,
+        "agent_timeout_sec": None,
+        "grader_timeout_sec": None,
+        "extra_fields": None,
+    }
+    body.update(fields)
+    return body
+
+
+class Harness:
+    """A rollout app served on 127.0.0.1, with one method per route."""
+
+    def __init__(self, client: TestClient[Any, Any], backend: ScriptedBackend) -> None:
+        self.client = client
+        self.backend = backend
+        app = client.app
+        assert app is not None
+        self.app: web.Application = app
+        self.server: RolloutServer = app[ROLLOUT_SERVER_KEY]
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        data: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply:
+        """Send one request and read the whole reply."""
+        kwargs: dict[str, Any] = {"headers": dict(headers or {})}
+        if data is not None:
+            kwargs["data"] = data
+        elif json_body is not None:
+            kwargs["json"] = json_body
+        async with self.client.request(method, path, **kwargs) as response:
+            raw = await response.read()
+            body: Any = None
+            if response.content_type == "application/json":
+                body = await response.json()
+            return Reply(response.status, response.headers, body, raw)
+
+    async def post_rollout(self, body: Any = None, **kwargs: Any) -> Reply:
+        """``POST /rollout`` with ``body`` (default: :func:`init_body`)."""
+        return await self.request("POST", "/rollout", json_body=body or init_body(), **kwargs)
+
+    async def admit(self, rollout_id: str = "r1", **fields: Any) -> str:
+        """Admit ``rollout_id`` (asserting 202) and return its lease token."""
+        reply = await self.post_rollout(init_body(rollout_id, **fields))
+        assert reply.status == 202, reply
+        token: str = reply.json["polling_lease_token"]
+        return token
+
+    async def poll(
+        self, rollout_id: str, token: str | None, *, headers: Mapping[str, str] | None = None
+    ) -> Reply:
+        """``GET /rollout/{rollout_id}/result`` with the lease ``token`` (None: no header)."""
+        all_headers = dict(headers or {})
+        if token is not None:
+            all_headers[LEASE_HEADER] = token
+        return await self.request("GET", f"/rollout/{rollout_id}/result", headers=all_headers)
+
+    async def poll_until(self, rollout_id: str, token: str, *statuses: str) -> Reply:
+        """Long-poll until the status is one of ``statuses`` (bounded); return that reply."""
+        async with asyncio.timeout(EVENT_SEC):
+            while True:
+                reply = await self.poll(rollout_id, token)
+                assert reply.status == 200, reply
+                if reply.json["status"] in statuses:
+                    return reply
+
+    async def cancel(self, body: Any, **kwargs: Any) -> Reply:
+        """``POST /rollout/cancel`` with ``body``."""
+        return await self.request("POST", "/rollout/cancel", json_body=body, **kwargs)
+
+    async def health(self, **kwargs: Any) -> Reply:
+        """``GET /health``."""
+        return await self.request("GET", "/health", **kwargs)
+
+
+TEST_SHUTDOWN = ShutdownTimeouts(
+    drain_sec=0.1, cleanup_sec=2.0, force_sec=1.0, backend_sec=2.0, collect_sec=0.5
+)
+"""Short shutdown stages, so a test's teardown never waits long."""
+
+
+MakeHarness = Callable[..., Awaitable[Harness]]
+
+
+@pytest.fixture
+def make_harness(aiohttp_client: Any) -> MakeHarness:
+    """Factory: ``await make_harness(backend=None, **create_rollout_server_kwargs)``.
+
+    Defaults for tests: a 0.3 s long-poll wait, a 5 s lease, 60 s retention and short
+    shutdown stages.
+    """
+
+    async def make(backend: ScriptedBackend | None = None, **kwargs: Any) -> Harness:
+        backend = ScriptedBackend() if backend is None else backend
+        kwargs.setdefault("result_wait_timeout_sec", 0.3)
+        kwargs.setdefault("polling_lease_timeout_sec", 5.0)
+        kwargs.setdefault("result_retention_sec", 60.0)
+        kwargs.setdefault("shutdown_timeouts", TEST_SHUTDOWN)
+        app = create_rollout_server(backend=backend, **kwargs)
+        client = await aiohttp_client(app)
+        return Harness(client, backend)
+
+    return make
+
+
+@pytest.fixture
+async def harness(make_harness: MakeHarness) -> Harness:
+    """A harness with the default test settings and a fresh :class:`ScriptedBackend`."""
+    return await make_harness()
+
+
+@pytest.fixture
+def scripted() -> type[ScriptedBackend]:
+    """The :class:`ScriptedBackend` class (test files cannot import conftest)."""
+    return ScriptedBackend
+
+
+@pytest.fixture
+def queue_reporting() -> type[QueueReportingBackend]:
+    """The :class:`QueueReportingBackend` class."""
+    return QueueReportingBackend
+
+
+@pytest.fixture
+def body() -> Callable[..., dict[str, Any]]:
+    """:func:`init_body`: ``body(rollout_id="r1", **fields)``."""
+    return init_body
+
+
+@pytest.fixture
+def outcome_success() -> Callable[..., ExecutionOutcome]:
+    """:func:`success`: ``outcome_success(reward=0.5, **sample_fields)``."""
+    return success

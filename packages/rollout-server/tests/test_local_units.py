@@ -1,0 +1,405 @@
+"""Units under LocalBackend: the limiter, error categories, configs, import strings, roots."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout_server import (
+    AgentWorkflow,
+    AgentWorkflowConfig,
+    AgentWorkflowOutput,
+    ConcurrencyConfig,
+    Grader,
+    GraderConfig,
+    GraderContext,
+    LocalBackend,
+    Sample,
+    WorkflowContext,
+    categorize_exception,
+)
+from rollout_server._imports import resolve_import_string
+from rollout_server._limiter import ConcurrencyLimiter
+from rollout_server.trajectory import default_artifact_root, write_json_atomic
+from rollout_types import RolloutErrorCategory
+
+WAIT_SEC = 5.0
+
+
+class EchoWorkflow(AgentWorkflow):
+    async def run(self, ctx: WorkflowContext) -> list[dict[str, Any]]:
+        return list(ctx.prompt)
+
+
+class HalfGrader(Grader):
+    async def grade(self, ctx: GraderContext) -> None:
+        ctx.set_reward(0.5)
+
+
+async def _until(predicate: Any) -> None:
+    """Yield to the loop until ``predicate()`` holds (bounded).
+
+    The limiter's counts have no event to wait on; this only yields, it never sleeps.
+    """
+    async with asyncio.timeout(WAIT_SEC):
+        while not predicate():  # noqa: ASYNC110
+            await asyncio.sleep(0)
+
+
+class TestConcurrencyLimiter:
+    async def test_counts_waiters_and_holders(self) -> None:
+        """With one slot, the first caller holds it and the next two wait, in the counts."""
+        limiter = ConcurrencyLimiter(1)
+        await limiter.acquire()
+        waiters = [asyncio.create_task(limiter.acquire()) for _ in range(2)]
+        await _until(lambda: limiter.queued == 2)
+        assert limiter.snapshot() == {"max_concurrent": 1, "queued": 2, "running": 1}
+        limiter.release()
+        await asyncio.wait_for(waiters[0], WAIT_SEC)
+        assert (limiter.queued, limiter.running) == (1, 1)
+        assert not waiters[1].done()
+        limiter.release()
+        await asyncio.wait_for(waiters[1], WAIT_SEC)
+        limiter.release()
+        assert (limiter.queued, limiter.running) == (0, 0)
+
+    async def test_cancelled_waiter_leaves_the_queue(self) -> None:
+        """A cancelled waiter leaves the queue at once and never takes a slot."""
+        limiter = ConcurrencyLimiter(1)
+        await limiter.acquire()
+        waiter = asyncio.create_task(limiter.acquire())
+        await _until(lambda: limiter.queued == 1)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert (limiter.queued, limiter.running) == (0, 1)
+        limiter.release()
+        assert limiter.running == 0
+
+    async def test_slot_handed_to_a_cancelled_waiter_is_passed_on(self) -> None:
+        """A slot handed over in the instant its waiter is cancelled goes to the next one."""
+        limiter = ConcurrencyLimiter(1)
+        await limiter.acquire()
+        first = asyncio.create_task(limiter.acquire())
+        second = asyncio.create_task(limiter.acquire())
+        await _until(lambda: limiter.queued == 2)
+        limiter.release()  # hands the slot to `first` ...
+        first.cancel()  # ... which is cancelled before it resumes
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await asyncio.wait_for(second, WAIT_SEC)
+        assert (limiter.queued, limiter.running) == (0, 1)
+
+    async def test_unlimited_never_queues(self) -> None:
+        """Without a limit every caller gets a slot at once and queued stays 0."""
+        limiter = ConcurrencyLimiter(None)
+        for _ in range(50):
+            await limiter.acquire()
+        assert limiter.snapshot() == {"max_concurrent": None, "queued": 0, "running": 50}
+
+    def test_release_without_acquire_is_an_error(self) -> None:
+        """Releasing more often than acquiring raises instead of corrupting the counts."""
+        with pytest.raises(RuntimeError, match="more often"):
+            ConcurrencyLimiter(2).release()
+
+    @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])
+    def test_rejects_bad_limits(self, bad: Any) -> None:
+        """A limit that is not an int of at least 1 (or None) is refused with a clear error."""
+        with pytest.raises(ValueError, match="max_concurrent must be an int of at least 1"):
+            ConcurrencyLimiter(bad)
+
+
+class SandboxRateLimitException(Exception):  # noqa: N818 - the provider's name
+    pass
+
+
+class SandboxApiException(Exception):  # noqa: N818 - the provider's name
+    def __init__(self, status_code: Any) -> None:
+        super().__init__(f"status {status_code}")
+        self.status_code = status_code
+
+
+class ProviderError(SandboxApiException):
+    pass
+
+
+class TestCategorizeException:
+    @pytest.mark.parametrize(
+        ("exc", "category"),
+        [
+            (TimeoutError("t"), RolloutErrorCategory.TIMEOUT),
+            (TimeoutError(), RolloutErrorCategory.TIMEOUT),
+            (ValueError("v"), RolloutErrorCategory.VALIDATION_ERROR),
+            (TypeError("t"), RolloutErrorCategory.VALIDATION_ERROR),
+            (AssertionError("a"), RolloutErrorCategory.VALIDATION_ERROR),
+            (json.JSONDecodeError("bad", "x", 0), RolloutErrorCategory.VALIDATION_ERROR),
+            (
+                UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"),
+                RolloutErrorCategory.VALIDATION_ERROR,
+            ),
+            (RuntimeError("boom"), RolloutErrorCategory.AGENT_ERROR),
+            (KeyError("k"), RolloutErrorCategory.AGENT_ERROR),
+            (SandboxRateLimitException(), RolloutErrorCategory.HTTP_ERROR),
+            (SandboxApiException(503), RolloutErrorCategory.HTTP_ERROR),
+            (ProviderError(429), RolloutErrorCategory.HTTP_ERROR),
+            (SandboxApiException(404), RolloutErrorCategory.AGENT_ERROR),
+            (SandboxApiException("503"), RolloutErrorCategory.AGENT_ERROR),
+            (SandboxApiException(True), RolloutErrorCategory.AGENT_ERROR),
+        ],
+    )
+    def test_categories(self, exc: BaseException, category: RolloutErrorCategory) -> None:
+        """Each exception gets the category of spec section 5.6 (MRO names, status codes)."""
+        assert categorize_exception(exc) is category
+
+
+class TestConfigs:
+    def test_defaults(self) -> None:
+        """A config needs only a name; its concurrency has no limit by default."""
+        config = AgentWorkflowConfig(name="w")
+        assert config.description is None
+        assert config.concurrency == ConcurrencyConfig(max_concurrent=None)
+        assert config.extra == {}
+
+    def test_from_mapping_keeps_extra_keys(self) -> None:
+        """Unknown keys of a mapping land in ``extra`` and read back with ``get``."""
+        config = AgentWorkflowConfig.from_mapping(
+            {"name": "w", "concurrency": {"max_concurrent": 2}, "model": "m", "temperature": 0.2}
+        )
+        assert config.concurrency.max_concurrent == 2
+        assert config.extra == {"model": "m", "temperature": 0.2}
+        assert config.get("model") == "m"
+        assert config.get("absent", 7) == 7
+
+    def test_grader_config(self) -> None:
+        """A grader config has the same fields."""
+        config = GraderConfig.from_mapping({"name": "g", "description": "d", "strict": True})
+        assert (config.name, config.description, config.get("strict")) == ("g", "d", True)
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "match"),
+        [
+            ({"name": ""}, ValueError, "non-empty"),
+            ({"name": "w", "concurrency": {"max_concurrent": 0}}, ValueError, "at least 1"),
+            ({"name": "w", "concurrency": {"limit": 2}}, ValueError, "unknown keys"),
+            ({"name": "w", "concurrency": 3}, TypeError, "ConcurrencyConfig or a mapping"),
+            ({"name": "w", "description": 3}, TypeError, "description"),
+        ],
+    )
+    def test_invalid_values(
+        self, kwargs: dict[str, Any], error: type[Exception], match: str
+    ) -> None:
+        """Invalid fields fail at construction with a message naming the field."""
+        with pytest.raises(error, match=match):
+            AgentWorkflowConfig(**kwargs)
+
+    def test_from_mapping_needs_a_name(self) -> None:
+        """A mapping without a name is refused."""
+        with pytest.raises(ValueError, match="needs a 'name'"):
+            AgentWorkflowConfig.from_mapping({"model": "m"})
+
+
+class TestWorkflowOutput:
+    def test_rejects_non_finite_metrics(self) -> None:
+        """Metrics must be finite numbers."""
+        with pytest.raises(ValueError, match="finite"):
+            AgentWorkflowOutput(messages=[], metrics={"x": float("nan")})
+        with pytest.raises(TypeError, match="must be a number"):
+            AgentWorkflowOutput(messages=[], metrics={"x": "1"})  # type: ignore[dict-item]
+
+    def test_rejects_non_dict_messages(self) -> None:
+        """Each message must be a dict."""
+        with pytest.raises(TypeError, match=r"messages\[1\] must be a dict"):
+            AgentWorkflowOutput(messages=[{}, "hi"])  # type: ignore[list-item]
+
+    def test_forbids_extra_keys(self) -> None:
+        """Unknown keyword arguments are refused."""
+        with pytest.raises(TypeError):
+            AgentWorkflowOutput(messages=[], score=1.0)  # type: ignore[call-arg]
+
+
+class TestGraderContext:
+    def test_set_reward(self) -> None:
+        """set_reward stores a float on the sample; non-finite values are refused."""
+        ctx = GraderContext(rollout_id="r", sample=Sample())
+        ctx.set_reward(1)
+        assert ctx.sample is not None
+        assert ctx.sample.reward == 1.0
+        with pytest.raises(ValueError, match="finite"):
+            ctx.set_reward(float("inf"))
+        with pytest.raises(ValueError, match="finite"):
+            ctx.set_reward(True)
+
+    def test_no_sample(self) -> None:
+        """Without a sample, set_reward raises the osmosis message."""
+        with pytest.raises(ValueError, match=r"^GraderContext has no sample to reward$"):
+            GraderContext(rollout_id="r").set_reward(0.5)
+
+    def test_remove_sample(self) -> None:
+        """set_remove_sample flags the sample."""
+        ctx = GraderContext(rollout_id="r", sample=Sample())
+        ctx.set_remove_sample()
+        assert ctx.sample is not None
+        assert ctx.sample.remove_sample is True
+
+
+class TestImportStrings:
+    @pytest.fixture
+    def module(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+        source = textwrap.dedent(
+            """
+            from rollout_server import AgentWorkflow, AgentWorkflowConfig, Grader
+
+            class Flow(AgentWorkflow):
+                async def run(self, ctx):
+                    return []
+
+            class Score(Grader):
+                async def grade(self, ctx):
+                    ctx.set_reward(1.0)
+
+            class Holder:
+                Flow = Flow
+
+            CONFIG = AgentWorkflowConfig(name="from-module", concurrency={"max_concurrent": 3})
+            RAW = {"name": "raw"}
+            NOT_A_CLASS = 3
+            """
+        )
+        (tmp_path / "lb_user_module.py").write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        return "lb_user_module"
+
+    def test_resolves_classes_and_configs(self, module: str) -> None:
+        """Classes, nested attributes and configs resolve from import strings."""
+        backend = LocalBackend(
+            workflow=f"{module}:Holder.Flow",
+            workflow_config=f"{module}:CONFIG",
+            grader=f"{module}:Score",
+            grader_config=f"{module}:RAW",
+        )
+        assert backend.max_concurrent == 3
+
+    @pytest.mark.parametrize("spec", ["no_colon", ":Attr", "module:", "  :  "])
+    def test_malformed(self, spec: str) -> None:
+        """A string that is not module:attr is a ValueError saying the expected form."""
+        with pytest.raises(ValueError, match=r"must look like 'package\.module:Attr'"):
+            resolve_import_string(spec, what="workflow")
+
+    def test_missing_module(self) -> None:
+        """A missing module is an ImportError naming it."""
+        with pytest.raises(ImportError, match="cannot import module 'no_such_module_xyz'"):
+            LocalBackend(workflow="no_such_module_xyz:Flow")
+
+    def test_missing_attribute(self, module: str) -> None:
+        """A missing attribute is an ImportError naming the attribute."""
+        with pytest.raises(ImportError, match="has no attribute 'Nope'"):
+            LocalBackend(workflow=f"{module}:Nope")
+        with pytest.raises(ImportError, match="'lb_user_module:Holder' has no attribute 'X'"):
+            LocalBackend(workflow=f"{module}:Holder.X")
+
+    def test_wrong_kind(self, module: str) -> None:
+        """An import string naming something that is not a workflow class is a TypeError."""
+        with pytest.raises(TypeError, match="subclass of AgentWorkflow"):
+            LocalBackend(workflow=f"{module}:NOT_A_CLASS")
+        with pytest.raises(TypeError, match="must be a AgentWorkflowConfig"):
+            LocalBackend(workflow=f"{module}:Flow", workflow_config=f"{module}:NOT_A_CLASS")
+
+
+class TestLocalBackendConstruction:
+    def test_instance_instead_of_class(self, tmp_path: Path) -> None:
+        """Passing a workflow instance says to pass the class."""
+        with pytest.raises(TypeError, match="must be a class, not an instance"):
+            LocalBackend(workflow=EchoWorkflow(), artifact_root=tmp_path)  # type: ignore[arg-type]
+
+    def test_abstract_class(self, tmp_path: Path) -> None:
+        """The abstract base itself is refused."""
+        with pytest.raises(TypeError, match="abstract"):
+            LocalBackend(workflow=AgentWorkflow, artifact_root=tmp_path)  # type: ignore[type-abstract]
+
+    def test_grader_must_be_a_grader(self, tmp_path: Path) -> None:
+        """A grader that is not a Grader subclass is refused."""
+        with pytest.raises(TypeError, match="subclass of Grader"):
+            LocalBackend(EchoWorkflow, grader=EchoWorkflow, artifact_root=tmp_path)  # type: ignore[arg-type]
+
+    def test_concurrency_from_config(self, tmp_path: Path) -> None:
+        """No config means 4 slots; a config's None means no limit; a mapping is accepted."""
+        assert LocalBackend(EchoWorkflow, artifact_root=tmp_path).max_concurrent == 4
+        unlimited = LocalBackend(
+            EchoWorkflow, workflow_config=AgentWorkflowConfig(name="w"), artifact_root=tmp_path
+        )
+        assert unlimited.max_concurrent is None
+        mapped = LocalBackend(
+            EchoWorkflow,
+            workflow_config={"name": "w", "concurrency": {"max_concurrent": 2}},
+            artifact_root=tmp_path,
+        )
+        assert mapped.max_concurrent == 2
+
+    @pytest.mark.parametrize("bad", [-1, True, 1.0, "3"])
+    def test_rejects_bad_max_queued(self, tmp_path: Path, bad: Any) -> None:
+        """max_queued must be an int >= 0 or None."""
+        with pytest.raises(ValueError, match="max_queued must be an int >= 0"):
+            LocalBackend(EchoWorkflow, max_queued=bad, artifact_root=tmp_path)
+
+    def test_health_shape(self, tmp_path: Path) -> None:
+        """health() reports the concurrency counters and the queue bound."""
+        backend = LocalBackend(EchoWorkflow, max_queued=7, artifact_root=tmp_path)
+        assert backend.health() == {
+            "status": "ok",
+            "concurrency": {"max_concurrent": 4, "queued": 0, "running": 0, "max_queued": 7},
+        }
+
+    def test_config_must_be_deep_copyable(self, tmp_path: Path) -> None:
+        """A config that cannot be deep-copied is refused at construction."""
+
+        class Unpicklable:
+            def __deepcopy__(self, memo: Any) -> Any:
+                raise TypeError("no copies")
+
+        config = AgentWorkflowConfig(name="w", extra={"thing": Unpicklable()})
+        with pytest.raises(TypeError, match="deep-copyable"):
+            LocalBackend(EchoWorkflow, workflow_config=config, artifact_root=tmp_path)
+
+
+class TestArtifactRoot:
+    def test_environment_order(self, tmp_path: Path) -> None:
+        """ROLLOUT_ARTIFACT_ROOT wins, then the osmosis variable, then XDG, then home."""
+        ours, theirs, xdg = tmp_path / "a", tmp_path / "b", tmp_path / "x"
+        env = {
+            "ROLLOUT_ARTIFACT_ROOT": str(ours),
+            "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT": str(theirs),
+            "XDG_STATE_HOME": str(xdg),
+        }
+        assert default_artifact_root(env) == ours
+        del env["ROLLOUT_ARTIFACT_ROOT"]
+        assert default_artifact_root(env) == theirs
+        del env["_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"]
+        assert default_artifact_root(env) == xdg / "rollout" / "artifacts"
+        env["XDG_STATE_HOME"] = "relative/path"
+        assert default_artifact_root(env) == Path.home() / ".local/state/rollout/artifacts"
+
+    def test_read_once_at_construction(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The backend reads the environment when it is built, not later."""
+        monkeypatch.setenv("ROLLOUT_ARTIFACT_ROOT", str(tmp_path / "first"))
+        backend = LocalBackend(EchoWorkflow)
+        monkeypatch.setenv("ROLLOUT_ARTIFACT_ROOT", str(tmp_path / "second"))
+        assert backend.artifact_root == tmp_path / "first"
+        assert LocalBackend(EchoWorkflow, artifact_root=tmp_path / "arg").artifact_root == (
+            tmp_path / "arg"
+        )
+
+    def test_atomic_write_leaves_no_temporary_file(self, tmp_path: Path) -> None:
+        """An atomic write leaves only the target; a failed encode leaves nothing."""
+        target = tmp_path / "doc.json"
+        write_json_atomic(target, {"a": 1})
+        assert json.loads(target.read_text()) == {"a": 1}
+        with pytest.raises(ValueError):
+            write_json_atomic(tmp_path / "bad.json", {"a": float("nan")})
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.json"]
