@@ -88,8 +88,14 @@ _RULES: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
         (rf"costs?\s+{_NUMBER}\s+dollars?\b.*?\b{_NUMBER}\s+\w+\s+cost", r"(\1 * \2)"),
         (rf"{_NUMBER}\s+\w+\s+with\s+{_NUMBER}\s+\w+\s+in\s+each", r"(\1 * \2)"),
         (rf"had\s+{_NUMBER}\b.*?\bgave\s+away\s+{_NUMBER}", r"(\1 - \2)"),
-        (rf"travels?\s+{_NUMBER}\s+\w+\s+(?:an|per)\s+hour\s+for\s+{_NUMBER}\s+hours?", r"(\1 * \2)"),
-        (rf"{_NUMBER}\s+\w+\s+(?:are\s+)?shared\s+equally\s+(?:among|between)\s+{_NUMBER}", r"(\1 / \2)"),
+        (
+            rf"travels?\s+{_NUMBER}\s+\w+\s+(?:an|per)\s+hour\s+for\s+{_NUMBER}\s+hours?",
+            r"(\1 * \2)",
+        ),
+        (
+            rf"{_NUMBER}\s+\w+\s+(?:are\s+)?shared\s+equally\s+(?:among|between)\s+{_NUMBER}",
+            r"(\1 / \2)",
+        ),
         (rf"{_NUMBER}\s+divided\s+by\s+{_NUMBER}", r"(\1 / \2)"),
         (rf"{_NUMBER}\s+(?:times|multiplied\s+by)\s+{_NUMBER}", r"(\1 * \2)"),
         (rf"{_NUMBER}\s+plus\s+{_NUMBER}", r"(\1 + \2)"),
@@ -100,7 +106,7 @@ _EXPRESSION = re.compile(r"[-+*/%().\d\s]+")
 _MAX_EXPONENT: Final = 64
 
 
-class ArithmeticError_(ValueError):
+class ExpressionError(ValueError):
     """The text holds no arithmetic expression the stand-in can evaluate."""
 
 
@@ -108,9 +114,9 @@ def question_to_expression(question: str) -> str:
     """Turn a question into an arithmetic expression (``+ - * / %``, parentheses).
 
     Raises:
-        ArithmeticError_: If no expression can be found.
+        ExpressionError: If no expression can be found.
     """
-    text = question.lower().replace("×", "*").replace("÷", "/").replace(",", "")
+    text = question.lower().replace("\u00d7", "*").replace("\u00f7", "/").replace(",", "")
     for pattern, replacement in _RULES:
         text = pattern.sub(replacement, text)
     candidates = []
@@ -121,10 +127,10 @@ def question_to_expression(question: str) -> str:
     for chunk in sorted(candidates, key=len, reverse=True):
         try:
             evaluate(chunk)
-        except ArithmeticError_:
+        except ExpressionError:
             continue
         return " ".join(chunk.split())
-    raise ArithmeticError_(f"no arithmetic expression in {question!r}")
+    raise ExpressionError(f"no arithmetic expression in {question!r}")
 
 
 def _eval_node(node: ast.AST) -> fractions.Fraction:
@@ -150,23 +156,27 @@ def _eval_node(node: ast.AST) -> fractions.Fraction:
                 return fractions.Fraction(left // right)
             if isinstance(node.op, ast.Mod):
                 return left % right
-            if isinstance(node.op, ast.Pow) and right.denominator == 1 and abs(right) <= _MAX_EXPONENT:
+            if (
+                isinstance(node.op, ast.Pow)
+                and right.denominator == 1
+                and abs(right) <= _MAX_EXPONENT
+            ):
                 return left ** int(right)
         except ZeroDivisionError:
-            raise ArithmeticError_("division by zero") from None
-    raise ArithmeticError_(f"unsupported expression element {type(node).__name__}")
+            raise ExpressionError("division by zero") from None
+    raise ExpressionError(f"unsupported expression element {type(node).__name__}")
 
 
 def evaluate(expression: str) -> fractions.Fraction:
     """Evaluate an arithmetic expression exactly (no names, calls or attributes).
 
     Raises:
-        ArithmeticError_: If it is not a plain arithmetic expression, or divides by zero.
+        ExpressionError: If it is not a plain arithmetic expression, or divides by zero.
     """
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError:
-        raise ArithmeticError_(f"not an arithmetic expression: {expression!r}") from None
+        raise ExpressionError(f"not an arithmetic expression: {expression!r}") from None
     return _eval_node(tree)
 
 
@@ -196,7 +206,11 @@ def _number_in_tool_result(content: Any) -> fractions.Fraction | None:
             return None
         for key in ("result", "value", "answer"):
             value = data.get(key)
-            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            if (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            ):
                 return fractions.Fraction(str(value))
             if isinstance(value, str):
                 text = value
@@ -217,7 +231,9 @@ def _text_of(content: Any) -> str:
         return content
     if isinstance(content, list):
         return " ".join(
-            str(part.get("text", "")) for part in content if isinstance(part, dict) and part.get("type") == "text"
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
         )
     return "" if content is None else str(content)
 
@@ -259,7 +275,9 @@ class _State:
 _STATE: Final = web.AppKey("standin_state", _State)
 
 
-def _error(status: int, message: str, type_: str, headers: dict[str, str] | None = None) -> web.Response:
+def _error(
+    status: int, message: str, type_: str, headers: dict[str, str] | None = None
+) -> web.Response:
     body = {"error": {"message": message, "type": type_, "param": None, "code": None}}
     return web.json_response(body, status=status, headers=headers)
 
@@ -273,13 +291,21 @@ def _pick_tool(body: dict[str, Any]) -> tuple[str, str] | None:
     """The (name, argument name) of the tool to call, or None when no function tool is offered."""
     if body.get("tool_choice") == "none":
         return None
-    tools = [t for t in body.get("tools") or () if isinstance(t, dict) and t.get("type", "function") == "function"]
-    functions = [t.get("function") for t in tools if isinstance(t.get("function"), dict)]
+    tools = [
+        t
+        for t in body.get("tools") or ()
+        if isinstance(t, dict) and t.get("type", "function") == "function"
+    ]
+    functions: list[dict[str, Any]] = [
+        t["function"] for t in tools if isinstance(t.get("function"), dict)
+    ]
     if not functions:
         return None
     chosen = next((f for f in functions if f.get("name") == "calculator"), functions[0])
     properties = (chosen.get("parameters") or {}).get("properties") or {}
-    argument = "expression" if "expression" in properties or not properties else next(iter(properties))
+    argument = (
+        "expression" if "expression" in properties or not properties else next(iter(properties))
+    )
     return str(chosen.get("name", "calculator")), argument
 
 
@@ -296,12 +322,18 @@ def _decide(state: _State, body: dict[str, Any]) -> dict[str, Any]:
     if tool_results:
         value = _number_in_tool_result(tool_results[-1].get("content"))
         if value is None:
-            return {"role": "assistant", "content": "The calculator reported an error, so I cannot answer."}
+            return {
+                "role": "assistant",
+                "content": "The calculator reported an error, so I cannot answer.",
+            }
         return {"role": "assistant", "content": _final_answer(state, question, value)}
     try:
         expression = question_to_expression(question)
-    except ArithmeticError_:
-        return {"role": "assistant", "content": "I cannot find an arithmetic question in that message."}
+    except ExpressionError:
+        return {
+            "role": "assistant",
+            "content": "I cannot find an arithmetic question in that message.",
+        }
     if tool is not None:
         name, argument = tool
         return {
@@ -317,7 +349,7 @@ def _decide(state: _State, body: dict[str, Any]) -> dict[str, Any]:
         }
     try:
         value = evaluate(expression)
-    except ArithmeticError_:
+    except ExpressionError:
         return {"role": "assistant", "content": "That expression cannot be evaluated."}
     return {"role": "assistant", "content": _final_answer(state, question, value)}
 
@@ -332,16 +364,27 @@ def _final_answer(state: _State, question: str, value: fractions.Fraction) -> st
 
 
 def _usage(body: dict[str, Any], message: dict[str, Any]) -> dict[str, int]:
-    prompt = sum(len(_text_of(m.get("content")).split()) + 3 for m in body["messages"] if isinstance(m, dict))
+    prompt = sum(
+        len(_text_of(m.get("content")).split()) + 3 for m in body["messages"] if isinstance(m, dict)
+    )
     completion = len(json.dumps(message).split())
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 async def _models(request: web.Request) -> web.Response:
     if (denied := _check_auth(request)) is not None:
         return denied
     return web.json_response(
-        {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "rollout-examples"}]}
+        {
+            "object": "list",
+            "data": [
+                {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "rollout-examples"}
+            ],
+        }
     )
 
 
@@ -371,22 +414,44 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
     except ValueError:
         return _error(400, "The request body is not valid JSON.", "invalid_request_error")
-    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
-        return _error(400, "'messages' must be a non-empty array of message objects.", "invalid_request_error")
+    if (
+        not isinstance(body, dict)
+        or not isinstance(body.get("messages"), list)
+        or not body["messages"]
+    ):
+        return _error(
+            400, "'messages' must be a non-empty array of message objects.", "invalid_request_error"
+        )
     roll = state.rng.random()
     if roll < state.config.http_429_rate:
-        return _error(429, "Rate limit reached (injected by the chat stand-in).", "rate_limit_error", {"Retry-After": "1"})
+        return _error(
+            429,
+            "Rate limit reached (injected by the chat stand-in).",
+            "rate_limit_error",
+            {"Retry-After": "1"},
+        )
     if roll < state.config.http_429_rate + state.config.http_500_rate:
         return _error(500, "Internal error (injected by the chat stand-in).", "server_error")
     message = _decide(state, body)
     state.completions += 1
-    model = body.get("model") if isinstance(body.get("model"), str) else MODEL_ID
+    requested = body.get("model")
+    model = requested if isinstance(requested, str) else MODEL_ID
     finish = "tool_calls" if message.get("tool_calls") else "stop"
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return await _stream(request, state, body, message, completion_id, created, model, finish, include_usage)
+        return await _stream(
+            request,
+            state=state,
+            body=body,
+            message=message,
+            completion_id=completion_id,
+            created=created,
+            model=model,
+            finish=finish,
+            include_usage=include_usage,
+        )
     await _delay(state)
     return web.json_response(
         {
@@ -394,7 +459,9 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            ],
             "usage": _usage(body, message),
         }
     )
@@ -423,11 +490,14 @@ def _deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
                 for piece in _pieces(call["function"]["arguments"])
             )
         return deltas
-    return [{"role": "assistant", "content": ""}] + [{"content": piece} for piece in _pieces(message["content"] or "")]
+    return [{"role": "assistant", "content": ""}] + [
+        {"content": piece} for piece in _pieces(message["content"] or "")
+    ]
 
 
 async def _stream(
     request: web.Request,
+    *,
     state: _State,
     body: dict[str, Any],
     message: dict[str, Any],
@@ -437,7 +507,9 @@ async def _stream(
     finish: str,
     include_usage: bool,
 ) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
     await response.prepare(request)
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -453,8 +525,12 @@ async def _stream(
 
     await _delay(state)
     async for delta in _aiter(_deltas(message)):
-        await response.write(chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]))
-    await response.write(chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]))
+        await response.write(
+            chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
+        )
+    await response.write(
+        chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}])
+    )
     if include_usage:
         await response.write(chunk([], usage=_usage(body, message)))
     await response.write(b"data: [DONE]\n\n")
@@ -519,15 +595,31 @@ def main(argv: list[str] | None = None) -> int:
         "stand-in for vLLM/SGLang that answers arithmetic questions with tool calls)."
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default 0)")
-    parser.add_argument("--port-file", type=Path, help="write the bound port to this file once listening")
-    parser.add_argument("--error-rate", type=float, default=0.0, help="probability of a wrong final answer")
-    parser.add_argument("--http-500-rate", type=float, default=0.0, help="probability of an HTTP 500 answer")
-    parser.add_argument("--http-429-rate", type=float, default=0.0, help="probability of an HTTP 429 answer")
-    parser.add_argument("--latency-ms", type=float, default=0.0, help="mean added delay per response, ms")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every random decision (default 0)")
     parser.add_argument(
-        "--api-key-env", metavar="NAME", help="require 'Authorization: Bearer $NAME' on every request"
+        "--port", type=int, default=0, help="port to bind; 0 picks a free one (default 0)"
+    )
+    parser.add_argument(
+        "--port-file", type=Path, help="write the bound port to this file once listening"
+    )
+    parser.add_argument(
+        "--error-rate", type=float, default=0.0, help="probability of a wrong final answer"
+    )
+    parser.add_argument(
+        "--http-500-rate", type=float, default=0.0, help="probability of an HTTP 500 answer"
+    )
+    parser.add_argument(
+        "--http-429-rate", type=float, default=0.0, help="probability of an HTTP 429 answer"
+    )
+    parser.add_argument(
+        "--latency-ms", type=float, default=0.0, help="mean added delay per response, ms"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of every random decision (default 0)"
+    )
+    parser.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="require 'Authorization: Bearer $NAME' on every request",
     )
     args = parser.parse_args(argv)
     api_key = None

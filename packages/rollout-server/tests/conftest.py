@@ -11,12 +11,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+import faulthandler
+import functools
+import inspect
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+
 from rollout_server import (
     ROLLOUT_SERVER_KEY,
     ExecutionBackend,
@@ -37,8 +43,59 @@ try:
 except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
     uvloop = None  # type: ignore[assignment]
 
+_HERE = Path(__file__).resolve().parent
+
 EVENT_SEC = 10.0
 """Upper bound on waiting for an event a test expects (never reached when all is well)."""
+
+TEST_BODY_SEC = 60.0
+"""Bound on the body of every async test: past it, the test fails with a clear message."""
+
+TEST_WATCHDOG_SEC = 180.0
+"""Bound on a whole test, setup and teardown included (an event loop that cannot close, a
+task that swallows every cancellation): past it, every thread's stack is dumped and the
+process exits, so a hang can never stall CI."""
+
+
+def _bounded(test: Callable[..., Awaitable[Any]], nodeid: str) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(test)
+    async def bounded_test(*args: Any, **kwargs: Any) -> Any:
+        try:
+            async with asyncio.timeout(TEST_BODY_SEC) as bound:
+                return await test(*args, **kwargs)
+        except TimeoutError:
+            if bound.expired():
+                pytest.fail(f"{nodeid} did not finish within {TEST_BODY_SEC:.0f}s", pytrace=False)
+            raise
+
+    return bounded_test
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Bound the body of every async test of this directory by :data:`TEST_BODY_SEC`."""
+    for item in items:
+        obj = getattr(item, "obj", None)
+        if (
+            isinstance(item, pytest.Function)
+            and inspect.iscoroutinefunction(obj)
+            and not getattr(obj, "is_hypothesis_test", False)
+            and item.path.resolve().parent == _HERE
+        ):
+            item.obj = _bounded(obj, item.nodeid)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Arm a watchdog over each whole test (setup, call, teardown): see
+    :data:`TEST_WATCHDOG_SEC`."""
+    armed = item.path.resolve().parent == _HERE and not item.config.getini("faulthandler_timeout")
+    if armed:
+        faulthandler.dump_traceback_later(TEST_WATCHDOG_SEC, exit=True, file=sys.stderr)
+    try:
+        return (yield)
+    finally:
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
@@ -123,6 +180,7 @@ class ScriptedBackend(ExecutionBackend):
 
     def __init__(self, *, ignore_cancel: bool | int = False) -> None:
         self.runs: dict[str, ScriptedRun] = {}
+        self.all_runs: list[ScriptedRun] = []
         self.capacity = True
         self.retry_after: Any = 5.0
         self.cancel_answers: Any = {}
@@ -137,6 +195,7 @@ class ScriptedBackend(ExecutionBackend):
     async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
         run = ScriptedRun(request, self.ignore_cancel)
         self.runs[request.id] = run
+        self.all_runs.append(run)
         run.started.set()
         self._started.setdefault(request.id, asyncio.Event()).set()
         result: ExecutionOutcome = await run.wait()
@@ -148,6 +207,13 @@ class ScriptedBackend(ExecutionBackend):
         async with asyncio.timeout(EVENT_SEC):
             await event.wait()
         return self.runs[rollout_id]
+
+    def release_all(self) -> None:
+        """End every execution still waiting (a test's teardown): stop swallowing
+        cancellation and return a ``cancelled`` outcome, so no task outlives its test."""
+        for run in self.all_runs:
+            run.ignore_cancel = False
+            run.finish(ExecutionOutcome(workflow=ExecutionResult(status=RolloutStatus.CANCELLED)))
 
     def forget(self, rollout_id: str) -> None:
         """Forget that ``rollout_id`` started (before re-admitting it)."""
@@ -254,6 +320,12 @@ class Harness:
                 body = await response.json()
             return Reply(response.status, response.headers, body, raw)
 
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        """Wait until ``predicate()`` holds (checked every 10 ms, bounded by EVENT_SEC)."""
+        async with asyncio.timeout(EVENT_SEC):
+            while not predicate():  # noqa: ASYNC110 - plain state that has no event to await
+                await asyncio.sleep(0.01)
+
     async def post_rollout(self, body: Any = None, **kwargs: Any) -> Reply:
         """``POST /rollout`` with ``body`` (default: :func:`init_body`)."""
         return await self.request("POST", "/rollout", json_body=body or init_body(), **kwargs)
@@ -302,15 +374,18 @@ MakeHarness = Callable[..., Awaitable[Harness]]
 
 
 @pytest.fixture
-def make_harness(aiohttp_client: Any) -> MakeHarness:
+async def make_harness(aiohttp_client: Any) -> AsyncIterator[MakeHarness]:
     """Factory: ``await make_harness(backend=None, **create_rollout_server_kwargs)``.
 
     Defaults for tests: a 0.3 s long-poll wait, a 5 s lease, 60 s retention and short
-    shutdown stages.
+    shutdown stages. At teardown, every scripted execution still waiting is released
+    before the app stops, so a backend that swallows cancellation cannot hang the test.
     """
+    backends: list[ScriptedBackend] = []
 
     async def make(backend: ScriptedBackend | None = None, **kwargs: Any) -> Harness:
         backend = ScriptedBackend() if backend is None else backend
+        backends.append(backend)
         kwargs.setdefault("result_wait_timeout_sec", 0.3)
         kwargs.setdefault("polling_lease_timeout_sec", 5.0)
         kwargs.setdefault("result_retention_sec", 60.0)
@@ -319,7 +394,9 @@ def make_harness(aiohttp_client: Any) -> MakeHarness:
         client = await aiohttp_client(app)
         return Harness(client, backend)
 
-    return make
+    yield make
+    for backend in backends:
+        backend.release_all()
 
 
 @pytest.fixture

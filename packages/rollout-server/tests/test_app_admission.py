@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import pytest
+
 from rollout_server import ServerConfigError, ShutdownTimeouts, create_rollout_server
 from rollout_types import PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER, RolloutStatus
 
@@ -96,6 +97,16 @@ class TestValidation:
         assert error["loc"] == ["body", "rollout_id"]
         assert error["type"] == "value_error"
         assert error["msg"] == ROLLOUT_ID_MSG
+
+    async def test_lone_surrogate_rollout_id_is_422(self, harness: Any) -> None:
+        """A rollout_id holding a lone surrogate (no URL can carry it) gets 422 at
+        body.rollout_id, and the 422 body is valid JSON."""
+        raw = b'{"initial_messages":[],"rollout_id":"a\\ud800","chat_completions_url":""}'
+        reply = await harness.request("POST", "/rollout", data=raw)
+        assert reply.status == 422
+        assert reply.json["detail"][0]["loc"] == ["body", "rollout_id"]
+        assert reply.json["detail"][0]["input"] == "a\ud800"
+        assert len(harness.server.registry) == 0
 
     async def test_numeric_rollout_id_is_string_type(self, harness: Any, body: Any) -> None:
         """A JSON number is not coerced into a rollout_id."""

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+
 from rollout_server import ExecutionOutcome, ExecutionResult, Sample
 from rollout_types import (
     LEASE_HEADER,
@@ -93,9 +94,10 @@ class TestLongPoll:
         reply = await harness.poll("r1", token)
         assert reply.status == 200
         assert reply.json == in_progress("r1", "running")
-        assert reply.raw == dumps(
-            RolloutResultResponse(rollout_id="r1", status=RolloutStatus.RUNNING)
-        ).encode()
+        assert (
+            reply.raw
+            == dumps(RolloutResultResponse(rollout_id="r1", status=RolloutStatus.RUNNING)).encode()
+        )
 
     async def test_times_out_after_the_wait_with_the_current_status(self, harness: Any) -> None:
         """With no status change, the poll answers after result_wait_timeout_sec (0.3 s)."""
@@ -106,7 +108,9 @@ class TestLongPoll:
         assert time.monotonic() - started >= 0.25
         assert reply.json["status"] == "running"
 
-    async def test_wakes_on_each_status_change(self, make_harness: Any, queue_reporting: Any) -> None:
+    async def test_wakes_on_each_status_change(
+        self, make_harness: Any, queue_reporting: Any
+    ) -> None:
         """With a 30 s wait, each poll returns as soon as the status changes: queued →
         running → grading → success."""
         harness = await make_harness(
@@ -200,9 +204,7 @@ class TestLongPoll:
 async def _until_waiting(harness: Any, rollout_id: str, count: int = 1) -> None:
     """Yield until ``count`` long polls of ``rollout_id`` are waiting in the registry."""
     record = harness.server.registry.get(rollout_id)
-    async with asyncio.timeout(EVENT_SEC):
-        while len(record._waiters or ()) < count:
-            await asyncio.sleep(0)
+    await harness.until(lambda: record.waiting >= count)
 
 
 class TestWireResult:
@@ -232,7 +234,9 @@ class TestWireResult:
             "err_category": None,
         }
 
-    async def test_trajectory_messages_never_appear(self, harness: Any, outcome_success: Any) -> None:
+    async def test_trajectory_messages_never_appear(
+        self, harness: Any, outcome_success: Any
+    ) -> None:
         """The persistence-only trajectory_messages is not sent."""
         token = await harness.admit("r1")
         (await harness.backend.started("r1")).finish(
@@ -285,7 +289,9 @@ class TestWireResult:
 
     async def test_non_json_messages_give_a_minimal_sample(self, harness: Any) -> None:
         """A message holding a non-JSON object turns into messages: [] with the reward kept."""
-        sample = Sample(messages=[{"role": "assistant", "content": object()}], label="L", reward=0.5)
+        sample = Sample(
+            messages=[{"role": "assistant", "content": object()}], label="L", reward=0.5
+        )
         outcome = ExecutionOutcome(
             workflow=ExecutionResult(status=RolloutStatus.SUCCESS, sample=sample)
         )

@@ -425,6 +425,41 @@ class TestReturnValues:
         assert result.sample.metrics == {"from": "source"}
         assert result.sample.trajectory_messages == [*PROMPT, ANSWER]
 
+    async def test_async_sample_source(self, tmp_path: Path) -> None:
+        """An async sample source is awaited."""
+
+        class AsyncSourceWorkflow(AgentWorkflow):
+            async def run(self, ctx: WorkflowContext) -> None:
+                async def source() -> Sample:
+                    await asyncio.sleep(0)
+                    return Sample(messages=[*ctx.prompt, ANSWER])
+
+                get_rollout_context().register_sample_source(source)
+
+        backend = backend_for(tmp_path, AsyncSourceWorkflow, grader=HalfGrader)
+        result = reported_result(await backend.execute(make_request()))
+        assert result.status == RolloutStatus.SUCCESS
+        assert result.sample is not None
+        assert (result.sample.messages, result.sample.reward) == ([*PROMPT, ANSWER], 0.5)
+
+    async def test_bad_sample_source(self, tmp_path: Path) -> None:
+        """A source returning something other than a Sample is a validation_error, and a
+        non-callable source is refused when registered."""
+
+        class BadSourceWorkflow(AgentWorkflow):
+            async def run(self, ctx: WorkflowContext) -> None:
+                with pytest.raises(TypeError, match="needs a callable"):
+                    get_rollout_context().register_sample_source("nope")  # type: ignore[arg-type]
+                get_rollout_context().register_sample_source(lambda: {"messages": []})  # type: ignore[arg-type,return-value]
+
+        backend = backend_for(tmp_path, BadSourceWorkflow)
+        outcome = await backend.execute(make_request(grade=False))
+        assert_failure(
+            outcome.workflow,
+            "the registered sample source must return a rollout_server.Sample or None; got dict",
+            RolloutErrorCategory.VALIDATION_ERROR,
+        )
+
     async def test_none_without_source_then_grading(self, tmp_path: Path) -> None:
         """No sample and a grader that rewards fails with the no-sample message."""
         backend = backend_for(tmp_path, NoneWorkflow, grader=HalfGrader)
@@ -616,7 +651,35 @@ class TestDeadlines:
         ), message
         queued = float(re.findall(r"\((\d+\.\d)s", message)[0])
         assert queued >= 0.3
-        assert RAN_FOR["second"] < 1.0 - 0.25
+        # A deadline never fires early, so without the deduction it would have run >= 1 s.
+        assert RAN_FOR["second"] < 1.0
+
+    async def test_queue_time_counts_from_admission(self, tmp_path: Path) -> None:
+        """Time between the server's admission stamp and execute() counts as queue time."""
+        backend = backend_for(tmp_path, BlockingWorkflow)
+        request = make_request(
+            "late", grade=False, agent_timeout_sec=0.5, admitted_at=time.monotonic() - 1.2
+        )
+        outcome = await backend.execute(request)
+        message = outcome.workflow.err_message or ""
+        found = re.fullmatch(
+            r"workflow exceeded its 0\.5s deadline \((\d+\.\d)s of it spent queued\)", message
+        )
+        assert found, message
+        assert float(found.group(1)) >= 1.2
+        assert "late" not in STARTED  # the budget was gone before it could run
+        doc = read_trajectory(tmp_path, "late")
+        assert doc["timings"]["queued_sec"] >= 1.2
+
+    async def test_future_admission_stamp_is_ignored(self, tmp_path: Path) -> None:
+        """An admission stamp in the future (a foreign clock) is not trusted: the clock
+        starts at execute()."""
+        backend = backend_for(tmp_path, AnswerWorkflow)
+        request = make_request(
+            "skew", grade=False, agent_timeout_sec=30.0, admitted_at=time.monotonic() + 1e6
+        )
+        outcome = await backend.execute(request)
+        assert outcome.workflow.status == RolloutStatus.SUCCESS
 
     async def test_deadline_passing_in_the_queue(self, tmp_path: Path) -> None:
         """A rollout whose budget ends while queued fails without ever taking a slot."""
@@ -628,12 +691,14 @@ class TestDeadlines:
         outcome = await backend.execute(
             make_request("late", statuses=statuses, grade=False, agent_timeout_sec=0.3)
         )
-        assert_failure(
-            outcome.workflow,
-            "workflow exceeded its 0.3s deadline (0.3s of it spent queued)",
-            RolloutErrorCategory.TIMEOUT,
+        assert outcome.workflow.err_category == RolloutErrorCategory.TIMEOUT
+        message = outcome.workflow.err_message or ""
+        found = re.fullmatch(
+            r"workflow exceeded its 0\.3s deadline \((\d+\.\d)s of it spent queued\)", message
         )
-        assert statuses.seen == []
+        assert found, message
+        assert float(found.group(1)) >= 0.3
+        assert statuses.seen == [RolloutStatus.QUEUED]  # never running
         assert "late" not in STARTED
         assert backend.health()["concurrency"] | {"max_queued": None} == {
             "max_concurrent": 1,
@@ -695,7 +760,7 @@ class TestConcurrency:
             await logs[rid].wait_for(RolloutStatus.RUNNING)
         await until(lambda: backend.health()["concurrency"]["queued"] == 1)
         assert backend.health()["concurrency"]["running"] == 4
-        assert logs["r4"].seen == []
+        assert logs["r4"].seen == [RolloutStatus.QUEUED]
         assert backend.has_capacity()  # unbounded queue: always capacity
         _event(GATES, "r0").set()
         await logs["r4"].wait_for(RolloutStatus.RUNNING)
@@ -740,11 +805,11 @@ class TestConcurrency:
             backend.execute(make_request("b", statuses=second_log, grade=False))
         )
         await until(lambda: backend.health()["concurrency"]["queued"] == 1)
-        assert second_log.seen == []
+        assert second_log.seen == [RolloutStatus.QUEUED]
         _event(GATES, "grader:a").set()
         await asyncio.wait_for(first, WAIT_SEC)
         await asyncio.wait_for(second, WAIT_SEC)
-        assert second_log.seen == [RolloutStatus.RUNNING]
+        assert second_log.seen == [RolloutStatus.QUEUED, RolloutStatus.RUNNING]
 
 
 class TestBackpressure:
@@ -759,7 +824,8 @@ class TestBackpressure:
         second = asyncio.create_task(backend.execute(make_request("b", grade=False)))
         await until(lambda: backend.health()["concurrency"]["queued"] == 1)
         assert not backend.has_capacity()
-        assert backend.retry_after_sec() == 5.0  # 1 queued x 5 s assumed / 1 slot
+        # The caller would be second in line: (1 queued + 1) x 5 s assumed / 1 slot.
+        assert backend.retry_after_sec() == 10.0
         _event(GATES, "a").set()
         await _event(STARTED, "b").wait()
         assert backend.has_capacity()
@@ -812,7 +878,7 @@ class TestCancellation:
         with pytest.raises(asyncio.CancelledError):
             await queued
         assert backend.health()["concurrency"]["queued"] == 0
-        assert log.seen == []
+        assert log.seen == [RolloutStatus.QUEUED]  # never running
         _event(GATES, "a").set()
         await asyncio.wait_for(first, WAIT_SEC)
         assert "b" not in STARTED

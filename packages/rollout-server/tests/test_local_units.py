@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import pickle
 import textwrap
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from rollout_server import (
@@ -19,14 +22,18 @@ from rollout_server import (
     GraderConfig,
     GraderContext,
     LocalBackend,
+    RolloutContext,
     Sample,
     WorkflowContext,
     categorize_exception,
+    current_rollout_context,
+    get_rollout_context,
 )
 from rollout_server._imports import resolve_import_string
 from rollout_server._limiter import ConcurrencyLimiter
+from rollout_server.context import bind_rollout_context
 from rollout_server.trajectory import default_artifact_root, write_json_atomic
-from rollout_types import RolloutErrorCategory
+from rollout_types import RolloutErrorCategory, RolloutStatus
 
 WAIT_SEC = 5.0
 
@@ -202,6 +209,38 @@ class TestConfigs:
         with pytest.raises(ValueError, match="needs a 'name'"):
             AgentWorkflowConfig.from_mapping({"model": "m"})
 
+    def test_extra_keyword_arguments(self) -> None:
+        """Extra keyword arguments are kept in ``extra`` and read back as attributes."""
+        config = AgentWorkflowConfig(name="w", model="m", extra={"seed": 1})
+        assert config.extra == {"seed": 1, "model": "m"}
+        assert (config.model, config.seed, config.get("model")) == ("m", 1, "m")
+        with pytest.raises(AttributeError, match="no field or extra setting 'absent'"):
+            _ = config.absent
+        grader = GraderConfig(name="g", strict=True)
+        assert grader.strict is True
+
+    def test_constructor_needs_a_name(self) -> None:
+        """A config built without a name is refused."""
+        with pytest.raises(TypeError, match="name"):
+            AgentWorkflowConfig(model="m")  # type: ignore[call-arg]
+
+    def test_copies_keep_extras(self) -> None:
+        """Deep copies and pickles keep the extra settings."""
+        config = AgentWorkflowConfig(name="w", concurrency={"max_concurrent": 2}, model="m")
+        assert copy.deepcopy(config) == config
+        assert pickle.loads(pickle.dumps(config)) == config  # noqa: S301 - our own bytes
+
+    def test_typed_subclass(self) -> None:
+        """A subclass with typed fields fills them from a mapping; other keys go to extra."""
+
+        @attrs.frozen(kw_only=True)
+        class TypedConfig(AgentWorkflowConfig):
+            model: str = "small"
+
+        config = TypedConfig.from_mapping({"name": "t", "model": "big", "seed": 3})
+        assert (config.model, config.seed, config.extra) == ("big", 3, {"seed": 3})
+        assert TypedConfig(name="t").model == "small"
+
 
 class TestWorkflowOutput:
     def test_rejects_non_finite_metrics(self) -> None:
@@ -220,6 +259,55 @@ class TestWorkflowOutput:
         """Unknown keyword arguments are refused."""
         with pytest.raises(TypeError):
             AgentWorkflowOutput(messages=[], score=1.0)  # type: ignore[call-arg]
+
+
+class TestRolloutContext:
+    def test_environment_fallbacks(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """An empty URL and a missing or empty key fall back to the OSMOSIS_* variables;
+        request values win when given."""
+        monkeypatch.setenv("OSMOSIS_CHAT_COMPLETIONS_URL", "http://127.0.0.1:7/v1")
+        monkeypatch.setenv("OSMOSIS_API_KEY", "sk-env")
+        for key in (None, ""):
+            context = RolloutContext.from_request(
+                rollout_id="r",
+                chat_completions_url="",
+                llm_api_key=key,
+                process_id="p",
+                on_status=lambda _status: None,
+            )
+            assert (context.chat_completions_url, context.api_key) == (
+                "http://127.0.0.1:7/v1",
+                "sk-env",
+            )
+        given = RolloutContext.from_request(
+            rollout_id="r",
+            chat_completions_url="http://127.0.0.1:8/v1",
+            llm_api_key="sk-req",
+            process_id="p",
+            on_status=lambda _status: None,
+        )
+        assert (given.chat_completions_url, given.api_key) == ("http://127.0.0.1:8/v1", "sk-req")
+        assert "sk-req" not in repr(given)
+
+    def test_no_key_anywhere(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Without a key in the request or the environment, api_key is None."""
+        monkeypatch.delenv("OSMOSIS_API_KEY", raising=False)
+        context = RolloutContext(rollout_id="r", chat_completions_url="u")
+        assert context.api_key is None
+
+    async def test_binding_and_status(self) -> None:
+        """The bound context is reachable inside the block only, and forwards statuses."""
+        seen: list[RolloutStatus] = []
+        context = RolloutContext(rollout_id="r", chat_completions_url="u", on_status=seen.append)
+        assert current_rollout_context() is None
+        with pytest.raises(RuntimeError, match="no rollout context"):
+            get_rollout_context()
+        with bind_rollout_context(context):
+            assert get_rollout_context() is context
+            get_rollout_context().set_status(RolloutStatus.RUNNING)
+            assert await context.get_sample() is None  # no source registered
+        assert current_rollout_context() is None
+        assert seen == [RolloutStatus.RUNNING]
 
 
 class TestGraderContext:
@@ -319,7 +407,7 @@ class TestLocalBackendConstruction:
     def test_abstract_class(self, tmp_path: Path) -> None:
         """The abstract base itself is refused."""
         with pytest.raises(TypeError, match="abstract"):
-            LocalBackend(workflow=AgentWorkflow, artifact_root=tmp_path)  # type: ignore[type-abstract]
+            LocalBackend(workflow=AgentWorkflow, artifact_root=tmp_path)
 
     def test_grader_must_be_a_grader(self, tmp_path: Path) -> None:
         """A grader that is not a Grader subclass is refused."""
@@ -345,6 +433,16 @@ class TestLocalBackendConstruction:
         """max_queued must be an int >= 0 or None."""
         with pytest.raises(ValueError, match="max_queued must be an int >= 0"):
             LocalBackend(EchoWorkflow, max_queued=bad, artifact_root=tmp_path)
+
+    def test_max_queued_needs_a_limit(self, tmp_path: Path) -> None:
+        """A queue bound without a concurrency limit is refused, naming the fix."""
+        with pytest.raises(ValueError, match="needs a concurrency limit"):
+            LocalBackend(
+                EchoWorkflow,
+                workflow_config=AgentWorkflowConfig(name="free"),
+                max_queued=3,
+                artifact_root=tmp_path,
+            )
 
     def test_health_shape(self, tmp_path: Path) -> None:
         """health() reports the concurrency counters and the queue bound."""

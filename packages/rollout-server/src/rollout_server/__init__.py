@@ -8,7 +8,12 @@ from importlib.metadata import PackageNotFoundError, version
 from .app import ROLLOUT_SERVER_KEY, RolloutServer, create_rollout_server
 from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
 from .categorize import categorize_exception
-from .context import RolloutContext, current_rollout_context, get_rollout_context
+from .context import (
+    RolloutContext,
+    SampleSource,
+    current_rollout_context,
+    get_rollout_context,
+)
 from .errors import RolloutServerError, ServerConfigError, ServeTargetError
 from .grader import Grader, GraderConfig, GraderContext
 from .local_backend import LocalBackend
@@ -44,6 +49,7 @@ __all__ = [
     "RolloutServer",
     "RolloutServerError",
     "Sample",
+    "SampleSource",
     "ServeTargetError",
     "ServerConfigError",
     "ShutdownTimeouts",

@@ -61,24 +61,50 @@ def _concurrency(value: Any) -> ConcurrencyConfig:
     )
 
 
-@attrs.frozen(kw_only=True)
+_RESERVED_EXTRA_KEYS: frozenset[str] = frozenset({"extra"})
+
+
+@attrs.frozen(kw_only=True, init=False)
 class BaseConfig:
     """Fields every workflow and grader config has.
 
-    Extra keys are allowed: they live in ``extra`` (``config.get("temperature")`` reads
-    one). For typed settings, subclass with more fields (``@attrs.frozen(kw_only=True)``).
+    Extra keys are allowed, as keyword arguments or mapping keys: they live in ``extra``
+    and read as attributes (``config.temperature``) or with ``config.get("temperature")``.
+    For typed settings, subclass with more fields (``@attrs.frozen(kw_only=True)``); such a
+    subclass takes its extra keys through :meth:`from_mapping` or the ``extra`` argument.
 
-    Attributes:
-        name: What the workflow or grader is called (non-empty).
+    Args:
+        name: What the workflow or grader is called (non-empty; required).
         description: Free text, or None.
-        concurrency: The concurrency settings; a mapping is converted.
-        extra: Further settings by name.
+        concurrency: The concurrency settings; a mapping like ``{"max_concurrent": 4}`` is
+            converted; None (the default) means no limit.
+        extra: Further settings by name (merged with the extra keyword arguments).
+        **settings: Further settings by name.
+
+    Raises:
+        TypeError: When ``name`` is missing or a value has the wrong type.
+        ValueError: When a value is invalid (an empty name, ``max_concurrent`` < 1).
     """
 
     name: str = attrs.field(validator=_name)
     description: str | None = attrs.field(default=None, validator=_description)
     concurrency: ConcurrencyConfig = attrs.field(factory=ConcurrencyConfig, converter=_concurrency)
     extra: dict[str, Any] = attrs.field(factory=dict, validator=_extra)
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        description: str | None = None,
+        concurrency: ConcurrencyConfig | Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> None:
+        data: dict[str, Any] = {"name": name, "description": description, "extra": extra}
+        if concurrency is not None:
+            data["concurrency"] = concurrency
+        known, merged = _split(type(self), {**data, **settings})
+        self.__attrs_init__(**known, extra=merged)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Self:
@@ -91,13 +117,39 @@ class BaseConfig:
         """
         if not isinstance(data, Mapping):
             raise TypeError(f"{cls.__name__}.from_mapping() needs a mapping; got {data!r}")
-        fields = {field.alias for field in attrs.fields(cls)} - {"extra"}
-        known = {key: value for key, value in data.items() if key in fields}
-        extra = {key: value for key, value in data.items() if key not in fields and key != "extra"}
+        known, extra = _split(cls, data)
         if "name" not in known:
             raise ValueError(f"{cls.__name__} needs a 'name'")
-        return cls(**known, extra={**dict(data.get("extra") or {}), **extra})
+        return cls(**known, extra=extra)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The extra setting ``key``, or ``default`` when it is absent."""
         return self.extra.get(key, default)
+
+    def __getattr__(self, key: str) -> Any:
+        # Called only when normal lookup fails: extra settings read as attributes.
+        if key.startswith("_") or key in _RESERVED_EXTRA_KEYS:
+            raise AttributeError(key)
+        try:
+            extra: dict[str, Any] = object.__getattribute__(self, "extra")
+        except AttributeError:
+            raise AttributeError(key) from None
+        try:
+            return extra[key]
+        except KeyError:
+            raise AttributeError(
+                f"{type(self).__name__} has no field or extra setting {key!r}"
+            ) from None
+
+
+def _split(cls: type[BaseConfig], data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``data`` into the fields of ``cls`` and the extra settings."""
+    fields = {field.alias for field in attrs.fields(cls)} - {"extra"}
+    known = {key: value for key, value in data.items() if key in fields}
+    given_extra = data.get("extra")
+    if given_extra is None:
+        given_extra = {}
+    if not isinstance(given_extra, Mapping):
+        raise TypeError(f"config extra must be a mapping with string keys; got {given_extra!r}")
+    extra = {key: value for key, value in data.items() if key not in fields and key != "extra"}
+    return known, {**dict(given_extra), **extra}

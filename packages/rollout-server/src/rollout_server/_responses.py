@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
 from rollout_types import dumps
 
-__all__ = ["detail_response", "json_response"]
+__all__ = ["detail_response", "encode_json", "json_response"]
 
-_JSON = "application/json"
+_JSON: Final = "application/json"
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogate(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def encode_json(text: str) -> bytes:
+    """UTF-8 bytes of an encoded JSON document.
+
+    A lone surrogate (which only a JSON string escape such as ``"\\ud800"`` in a request
+    can produce) has no UTF-8 form: it is written back as the same ``\\uXXXX`` escape, so
+    the body stays valid JSON that decodes to the same value, instead of failing.
+    """
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub(_escape_surrogate, text).encode()
 
 
 def json_response(
@@ -19,7 +38,7 @@ def json_response(
 ) -> web.Response:
     """A ``application/json`` response with an already encoded body."""
     if isinstance(body, str):
-        body = body.encode()
+        body = encode_json(body)
     return web.Response(status=status, body=body, content_type=_JSON, headers=headers)
 
 

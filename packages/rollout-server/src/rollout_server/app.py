@@ -16,7 +16,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any, Final
 
 from aiohttp import web
@@ -88,6 +88,8 @@ class RolloutServer:
         polling_lease_timeout_sec: Polling lease, seconds.
         result_retention_sec: Retention of a published result, seconds.
         max_body_bytes: Largest accepted request body, bytes.
+        keepalive_timeout_sec: HTTP keep-alive of idle connections, seconds.
+        access_log: Whether one line per request is logged to ``rollout_server.access``.
         shutdown_timeouts: Bounds of the staged shutdown.
     """
 
@@ -100,6 +102,8 @@ class RolloutServer:
         result_retention_sec: float,
         max_body_bytes: int,
         shutdown_timeouts: ShutdownTimeouts,
+        keepalive_timeout_sec: float = DEFAULT_KEEPALIVE_TIMEOUT_SEC,
+        access_log: bool = False,
     ) -> None:
         self.backend = backend
         self.result_wait_timeout_sec = result_wait_timeout_sec
@@ -107,6 +111,8 @@ class RolloutServer:
         self.result_retention_sec = result_retention_sec
         self.max_body_bytes = max_body_bytes
         self.shutdown_timeouts = shutdown_timeouts
+        self.keepalive_timeout_sec = keepalive_timeout_sec
+        self.access_log = access_log
         self.process_id = str(uuid.uuid4())
         self.instance_id = _instance_id_from_env() or self.process_id
         self.registry = RolloutRegistry(
@@ -268,19 +274,25 @@ class RolloutServer:
     def _flush_expired(self) -> None:
         records, self._expired = self._expired, []
         if records:
-            self._spawn(self._request_cancellation(records))
+            self.spawn(self._request_cancellation(records))
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` as a side task that :meth:`close` waits for (briefly) or cancels."""
         task: asyncio.Task[Any] = self.registry.loop.create_task(coro)
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
+        return task
 
     # -- health ---------------------------------------------------------------------------
 
     def health(self) -> RolloutHealth:
         """The ``/health`` document: backend fields, identity, lifecycle, protocol version."""
-        fields = self.backend.health()
         fitted: Any = None
+        try:
+            fields: Any = self.backend.health()
+        except Exception as exc:
+            logger.exception("backend.health() failed")
+            fields = {"status": "error", "error": f"backend.health() raised {exc!r}"}
         if isinstance(fields, Mapping):
             fitted, dropped = fit_json(dict(fields), "health")
             if dropped:
@@ -454,6 +466,8 @@ def create_rollout_server(
         result_retention_sec=retention,
         max_body_bytes=max_body_bytes,
         shutdown_timeouts=timeouts,
+        keepalive_timeout_sec=keepalive,
+        access_log=bool(access_log),
     )
     app = web.Application(
         middlewares=[make_protocol_middleware(api_key)],

@@ -86,11 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rollout-server",
         description="Serve the rollout protocol (wire-compatible with osmosis-ai 0.3.8).",
+        allow_abbrev=False,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve_cmd = commands.add_parser(
         "serve",
         help="serve an app, a backend, or a factory of either",
+        allow_abbrev=False,
         description=(
             "Serve MODULE:ATTR: an app built by create_rollout_server(), an ExecutionBackend, "
             "or a zero-argument (sync or async) factory of either."

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import os
-from collections.abc import Callable, Iterator
-from typing import Final
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Final, TypeAlias
 
 import attrs
 
@@ -23,6 +24,7 @@ __all__ = [
     "CHAT_COMPLETIONS_URL_ENV",
     "LLM_API_KEY_ENV",
     "RolloutContext",
+    "SampleSource",
     "bind_rollout_context",
     "current_rollout_context",
     "get_rollout_context",
@@ -33,6 +35,9 @@ CHAT_COMPLETIONS_URL_ENV: Final = "OSMOSIS_CHAT_COMPLETIONS_URL"
 
 LLM_API_KEY_ENV: Final = "OSMOSIS_API_KEY"
 """Fallback for a missing or empty ``llm_api_key`` (as osmosis-ai reads it)."""
+
+SampleSource: TypeAlias = Callable[[], "Sample | Awaitable[Sample | None] | None"]
+"""What :meth:`RolloutContext.register_sample_source` takes: a sync or async callable."""
 
 _current: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar(
     "rollout_context", default=None
@@ -58,7 +63,7 @@ class RolloutContext:
     _on_status: Callable[[RolloutStatus], None] = attrs.field(
         default=lambda _status: None, repr=False, alias="on_status"
     )
-    _sample_source: Callable[[], Sample | None] | None = attrs.field(default=None, repr=False)
+    _sample_source: SampleSource | None = attrs.field(default=None, repr=False)
 
     @classmethod
     def from_request(
@@ -84,13 +89,34 @@ class RolloutContext:
         """Report a non-terminal status change; ignored once the rollout has finished."""
         self._on_status(status)
 
-    def register_sample_source(self, source: Callable[[], Sample | None]) -> None:
-        """Register where the sample comes from when a workflow's ``run()`` returns None."""
+    def register_sample_source(self, source: SampleSource) -> None:
+        """Register where the sample comes from when a workflow's ``run()`` returns None.
+
+        Args:
+            source: A callable taking no arguments that returns a
+                :class:`~rollout_server.Sample` or None, or a coroutine function doing so
+                (it is awaited within the workflow's deadline). A later registration
+                replaces an earlier one.
+
+        Raises:
+            TypeError: When ``source`` is not callable.
+        """
+        if not callable(source):
+            raise TypeError(
+                "register_sample_source() needs a callable (sync or async) that returns a "
+                f"Sample or None; got {source!r}"
+            )
         self._sample_source = source
 
-    def sample_from_source(self) -> Sample | None:
-        """The sample of the registered source, or None when none is registered."""
-        return None if self._sample_source is None else self._sample_source()
+    async def get_sample(self) -> Sample | None:
+        """The sample of the registered source (awaited if it is async), or None when no
+        source is registered."""
+        if self._sample_source is None:
+            return None
+        sample = self._sample_source()
+        if inspect.isawaitable(sample):
+            sample = await sample
+        return sample
 
 
 def current_rollout_context() -> RolloutContext | None:

@@ -16,7 +16,7 @@ from .backend import Sample
 __all__ = ["Grader", "GraderConfig", "GraderContext"]
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, init=False)
 class GraderConfig(BaseConfig):
     """Configuration of a grader: ``name``, ``description``, ``concurrency``, ``extra``.
 

@@ -97,6 +97,16 @@ class _Run:
         }
 
 
+def _entered(request: ExecutionRequest) -> float:
+    """When the rollout's clock started: its admission, if the server stamped it (and it is
+    not in the future), else now."""
+    now = time.monotonic()
+    admitted_at: object = request.admitted_at
+    if isinstance(admitted_at, int | float) and 0 < admitted_at <= now:
+        return float(admitted_at)
+    return now
+
+
 def _resolve_class(value: object, base: type[Any], what: str) -> type[Any]:
     if isinstance(value, str):
         value = resolve_import_string(value, what=what)
@@ -230,7 +240,8 @@ class LocalBackend(ExecutionBackend):
             (read once, here).
 
     Raises:
-        ValueError: On a malformed import string or an invalid ``max_queued``.
+        ValueError: On a malformed import string, an invalid ``max_queued``, or a
+            ``max_queued`` without a concurrency limit.
         ImportError: When an import string names a missing module or attribute.
         TypeError: When ``workflow``/``grader`` is not a concrete subclass of the base
             class, or a config is not a config.
@@ -272,6 +283,12 @@ class LocalBackend(ExecutionBackend):
             if self._workflow_config is None
             else self._workflow_config.concurrency.max_concurrent
         )
+        if limit is None and max_queued is not None:
+            raise ValueError(
+                f"max_queued={max_queued} needs a concurrency limit, but the workflow config "
+                "has concurrency.max_concurrent=None (no limit, so nothing ever queues): set "
+                "max_concurrent, or drop max_queued"
+            )
         self._limiter = ConcurrencyLimiter(limit)
         self._artifact_root = (
             default_artifact_root()
@@ -299,17 +316,24 @@ class LocalBackend(ExecutionBackend):
     # -- ExecutionBackend -------------------------------------------------------------
 
     def has_capacity(self) -> bool:
-        """False only when ``max_queued`` rollouts already wait and no slot is free."""
+        """False only when ``max_queued`` rollouts already wait and no slot is free.
+
+        The count covers rollouts whose execution has started; rollouts admitted in the
+        same event-loop turn (before their tasks start) are not counted yet, so a burst can
+        overshoot the bound by the number of admissions in that turn.
+        """
         if self._max_queued is None or self._limiter.has_free_slot:
             return True
         return self._limiter.queued < self._max_queued
 
     def retry_after_sec(self) -> float:
-        """How long a refused caller should wait: the time the current queue needs to drain.
+        """How long a refused caller should wait: until the rollouts queued ahead of it
+        would have drained.
 
-        ``queued * mean_duration / max_concurrent``, clamped to [1, 60] s, where
+        ``(queued + 1) * mean_duration / max_concurrent``, clamped to [1, 60] s, where
         ``mean_duration`` is a moving mean (weight 0.2 for the newest) of how long finished
-        rollouts held their slot, 5 s until one has finished. 1 s without a limit.
+        rollouts held their slot, 5 s until one has finished. 1 s without a limit (which
+        never refuses). The server rounds it up to whole seconds.
         """
         slots = self._limiter.max_concurrent
         if slots is None:
@@ -319,7 +343,7 @@ class LocalBackend(ExecutionBackend):
             if self._mean_duration_sec is None
             else self._mean_duration_sec
         )
-        return min(60.0, max(1.0, self._limiter.queued * mean / slots))
+        return min(60.0, max(1.0, (self._limiter.queued + 1) * mean / slots))
 
     def health(self) -> dict[str, Any]:
         """``{"status": "ok", "concurrency": {"max_concurrent", "queued", "running",
@@ -329,7 +353,8 @@ class LocalBackend(ExecutionBackend):
         return {"status": "ok", "concurrency": concurrency}
 
     async def shutdown(self) -> None:
-        """Wait (up to 10 s) for trajectory writes of cancelled rollouts still in flight."""
+        """Wait (up to 10 s) for trajectory writes still in flight (those of cancelled
+        rollouts, and any that outlasted their rollout's 10 s wait)."""
         pending = [task for task in self._background if not task.done()]
         if pending:
             _done, still = await asyncio.wait(pending, timeout=SHUTDOWN_PERSIST_WAIT_SEC)
@@ -341,13 +366,20 @@ class LocalBackend(ExecutionBackend):
 
         Binds an ambient :class:`~rollout_server.RolloutContext` built from ``request``
         unless the caller (the server) already bound one for this rollout. Queue time counts
-        from the call of this method.
+        from ``request.admitted_at`` (the server's admission stamp), or from the call of this
+        method when the request has no stamp (0) or one in the future.
+
+        Args:
+            request: The admitted rollout.
+
+        Returns:
+            The workflow result, and the grader result when grading ran or was due.
 
         Raises:
             asyncio.CancelledError: When the task is cancelled, including a cancellation
                 that user code swallowed (reported once that code returns).
         """
-        run = _Run(request=request, entered=time.monotonic())
+        run = _Run(request=request, entered=_entered(request))
         task = asyncio.current_task()
         baseline = 0 if task is None else task.cancelling()
         ambient = current_rollout_context()
@@ -419,6 +451,8 @@ class LocalBackend(ExecutionBackend):
     async def _acquire(self, run: _Run) -> bool:
         """Take a slot; False when the agent deadline passed first (no slot is then held)."""
         timeout = run.request.agent_timeout_sec
+        if not self._limiter.has_free_slot:
+            run.request.on_status(RolloutStatus.QUEUED)
         try:
             if timeout is None:
                 await self._limiter.acquire()
@@ -494,6 +528,7 @@ class LocalBackend(ExecutionBackend):
                         artifacts_dir=artifacts_dir,
                     )
                     returned = await workflow.run(context)
+                    sample = await self._sample_from(returned, run, ambient)
             except Exception as exc:
                 if deadline.expired():
                     assert message is not None
@@ -507,19 +542,16 @@ class LocalBackend(ExecutionBackend):
                 assert message is not None
                 logger.warning("Rollout %s: %s (it returned late)", request.id, message)
                 return _timeout(message)
-            try:
-                sample = self._sample_from(returned, run, ambient)
-            except Exception as exc:
-                logger.error("Workflow of rollout %s failed", request.id, exc_info=exc)
-                return self._failure(exc, None, "workflow")
             return ExecutionResult(status=RolloutStatus.SUCCESS, sample=sample)
         finally:
             run.workflow_sec = time.monotonic() - start
 
-    def _sample_from(self, returned: Any, run: _Run, ambient: RolloutContext) -> Sample | None:
+    async def _sample_from(
+        self, returned: Any, run: _Run, ambient: RolloutContext
+    ) -> Sample | None:
         label = run.request.label
         if returned is None:
-            sample = ambient.sample_from_source()
+            sample = await ambient.get_sample()
             if sample is None:
                 return None
             if not isinstance(sample, Sample):
@@ -626,8 +658,10 @@ class LocalBackend(ExecutionBackend):
         job = self._write_job(run, outcome)
         if job is None:
             return
-        write = asyncio.ensure_future(asyncio.to_thread(*job))
+        write = asyncio.get_running_loop().create_task(asyncio.to_thread(job))
         write.add_done_callback(lambda future: self._log_write(run, future))
+        self._background.add(write)  # shutdown() waits for writes still in flight
+        write.add_done_callback(self._background.discard)
         # asyncio.wait neither raises the write's error nor cancels the write (on a timeout
         # or if this task is cancelled meanwhile): the thread finishes and is logged.
         done, _pending = await asyncio.wait({write}, timeout=PERSIST_TIMEOUT_SEC)
@@ -654,7 +688,7 @@ class LocalBackend(ExecutionBackend):
 
         async def write() -> None:
             try:
-                await asyncio.to_thread(*job)
+                await asyncio.to_thread(job)
             except Exception as exc:  # noqa: BLE001 - best effort, logged
                 logger.warning("Rollout %s: cannot save the trajectory: %s", run.request.id, exc)
             else:
@@ -666,13 +700,21 @@ class LocalBackend(ExecutionBackend):
 
     def _write_job(
         self, run: _Run, outcome: ExecutionOutcome, reported: ExecutionResult | None = None
-    ) -> tuple[Any, ...] | None:
+    ) -> Callable[[], None] | None:
+        """The blocking job that builds and writes the rollout's files (run it in a thread),
+        or None when the rollout keeps no files (its id is not a single path segment)."""
         if run.rollout_dir is None:
             # No slot was held (deadline passed in the queue) or the id is not path-safe.
             if not is_single_path_segment(run.request.id):
                 return None
             run.rollout_dir = self._artifact_root / run.request.id
-        try:
+        rollout_dir = run.rollout_dir
+        timings = run.timings()
+        workflow_info = run.workflow_info
+
+        def job() -> None:
+            # Building the document walks the whole sample (JSON fitting): off the loop too.
+            # Nothing changes the sample meanwhile: execute() has finished with it.
             to_save = (
                 outcome.grader
                 if outcome.grader is not None and outcome.grader.sample is not None
@@ -684,17 +726,16 @@ class LocalBackend(ExecutionBackend):
                 sample=to_save.sample,
                 workflow=outcome.workflow,
                 grader=outcome.grader,
-                timings=run.timings(),
-                workflow_info=run.workflow_info,
+                timings=timings,
+                workflow_info=workflow_info,
             )
             diagnostics: dict[str, Any] = {}
             for result in (outcome.workflow, outcome.grader):
                 if result is not None and result.extra_fields:
                     diagnostics.update(result.extra_fields)
-        except Exception as exc:  # noqa: BLE001 - persistence never changes the result
-            logger.warning("Rollout %s: cannot build the trajectory: %s", run.request.id, exc)
-            return None
-        return (write_rollout_files, run.rollout_dir, document, diagnostics or None)
+            write_rollout_files(rollout_dir, document, diagnostics or None)
+
+        return job
 
     @staticmethod
     def _log_write(run: _Run, future: asyncio.Future[None]) -> None:

@@ -34,6 +34,8 @@ from rollout_types import (
     dumps,
 )
 
+from ._responses import encode_json
+
 __all__ = ["RolloutRecord", "RolloutRegistry"]
 
 logger: Final = logging.getLogger("rollout_server.registry")
@@ -98,7 +100,7 @@ class RolloutRecord:
         self.delivered = False
         self.task: asyncio.Task[None] | None = None
         self._digest = digest
-        self._id_json = _JSON_STR(rollout_id)
+        self._id_json = encode_json(_JSON_STR(rollout_id)).decode()
         self._lease_timer: asyncio.TimerHandle | None = None
         self._retention_timer: asyncio.TimerHandle | None = None
         self._retention_elapsed = False
@@ -113,6 +115,17 @@ class RolloutRecord:
         """Whether the result is fixed."""
         return self.body is not None
 
+    @property
+    def waiting(self) -> int:
+        """How many long polls are waiting for this rollout's status to change."""
+        return len(self._waiters or ())
+
+    @property
+    def retention_elapsed(self) -> bool:
+        """Whether ``result_retention_sec`` has passed since publication (the record is then
+        removed as soon as its execution has finished)."""
+        return self._retention_elapsed
+
     def check_token(self, token: str) -> bool:
         """Tell whether ``token`` is this rollout's lease token (constant-time compare)."""
         return hmac.compare_digest(_digest(token), self._digest)
@@ -122,7 +135,7 @@ class RolloutRecord:
         return (
             f'{{"rollout_id":{self._id_json},"status":"{self.status.value}",'
             '"sample":null,"err_message":null,"err_category":null}'
-        ).encode()
+        ).encode()  # _id_json is ASCII-safe: lone surrogates are escaped
 
 
 class RolloutRegistry:
@@ -277,15 +290,17 @@ class RolloutRegistry:
         """
         if record.body is not None:
             return False
-        body = dumps(
-            RolloutResultResponse(
-                rollout_id=record.rollout_id,
-                status=status,
-                sample=sample,
-                err_message=err_message,
-                err_category=err_category,
+        body = encode_json(
+            dumps(
+                RolloutResultResponse(
+                    rollout_id=record.rollout_id,
+                    status=status,
+                    sample=sample,
+                    err_message=err_message,
+                    err_category=err_category,
+                )
             )
-        ).encode()
+        )
         record.body = body
         record.status = status
         if record._lease_timer is not None:

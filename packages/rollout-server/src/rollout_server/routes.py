@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Final
+import re
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from aiohttp import hdrs, web
 
@@ -29,7 +30,7 @@ from rollout_types import (
     structure_wire,
 )
 
-from ._responses import detail_response, json_response
+from ._responses import detail_response, encode_json, json_response
 
 if TYPE_CHECKING:
     from .app import RolloutServer
@@ -48,12 +49,15 @@ CALLBACK_PROTOCOL: Final = (
     "back: upgrade the caller (client) and the rollout server together"
 )
 
+_T = TypeVar("_T")
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
 DEFAULT_RETRY_AFTER_SEC: Final = 5.0
 RETRY_AFTER_BOUNDS_SEC: Final = (1.0, 60.0)
 
 
 def _bytes(detail: str) -> bytes:
-    return dumps({"detail": detail}).encode()
+    return encode_json(dumps({"detail": detail}))
 
 
 _SHUTTING_DOWN_BODY: Final = _bytes(SHUTTING_DOWN)
@@ -105,6 +109,14 @@ def build_routes(server: RolloutServer) -> list[web.RouteDef]:
             raise _TooLargeError from None
         return loads(body)
 
+    def structure(read: Any, cls: type[_T]) -> _T:
+        # A document nested deeper than the interpreter can decode or walk is refused
+        # like any undecodable body.
+        try:
+            return structure_wire(read, cls)
+        except RecursionError:
+            raise _too_deep() from None
+
     async def health(_request: web.Request) -> web.Response:
         return json_response(200, dumps(server.health()))
 
@@ -113,11 +125,15 @@ def build_routes(server: RolloutServer) -> list[web.RouteDef]:
             data = await read_json(request)
             if type(data) is dict and data.get("completion_callback_url") is not None:
                 return json_response(400, _CALLBACK_BODY)
-            init = structure_wire(data, RolloutInitRequest)
+            init = structure(data, RolloutInitRequest)
+            if _LONE_SURROGATE.search(init.rollout_id):
+                raise _unencodable_id(init.rollout_id)
         except WireValidationError as exc:
             return detail_response(422, exc.errors)
         except _TooLargeError:
             return too_large()
+        except RecursionError:
+            return detail_response(422, _too_deep().errors)
         if not server.accepting_rollouts:
             return json_response(503, _SHUTTING_DOWN_BODY)
         if not backend.has_capacity():
@@ -170,11 +186,13 @@ def build_routes(server: RolloutServer) -> list[web.RouteDef]:
 
     async def cancel(request: web.Request) -> web.Response:
         try:
-            selection = structure_wire(await read_json(request), CancelRolloutsRequest)
+            selection = structure(await read_json(request), CancelRolloutsRequest)
         except WireValidationError as exc:
             return detail_response(422, exc.errors)
         except _TooLargeError:
             return too_large()
+        except RecursionError:
+            return detail_response(422, _too_deep().errors)
         if selection.selector_count != 1:
             return json_response(422, _ONE_SELECTOR_BODY)
         dispositions = await server.cancel(selection)
@@ -186,6 +204,37 @@ def build_routes(server: RolloutServer) -> list[web.RouteDef]:
         web.get("/rollout/{rollout_id:[^/]+}/result", result, allow_head=False),
         web.post("/rollout/cancel", cancel),
     ]
+
+
+def _too_deep() -> WireValidationError:
+    return WireValidationError(
+        [
+            {
+                "type": "json_invalid",
+                "loc": ["body", 0],
+                "msg": "JSON decode error",
+                "input": {},
+                "ctx": {"error": "JSON document nested too deeply"},
+            }
+        ]
+    )
+
+
+def _unencodable_id(rollout_id: str) -> WireValidationError:
+    return WireValidationError(
+        [
+            {
+                "type": "value_error",
+                "loc": ["body", "rollout_id"],
+                "msg": (
+                    "Value error, rollout_id must be valid Unicode: it holds a lone surrogate "
+                    "(a \\ud800-\\udfff escape), which no URL can carry"
+                ),
+                "input": rollout_id,
+                "ctx": {"error": {}},
+            }
+        ]
+    )
 
 
 class _TooLargeError(Exception):

@@ -99,8 +99,13 @@ async def run_staged_shutdown(
     active = registry.active
     if active:
         logger.info("Cancelling %d rollout(s) still running after the drain", active)
-        await server.cancel_everything()
-        await _wait_first(registry.idle_future(), hurry, timeouts.cleanup_sec)
+        loop = asyncio.get_running_loop()
+        cleanup_end = loop.time() + timeouts.cleanup_sec
+        # The backend's cancel_rollouts() counts against the cleanup bound: a backend that
+        # hangs there cannot stall the shutdown (the request is left to finish on its own).
+        cancelling = server.spawn(server.cancel_everything())
+        await _wait_first(cancelling, hurry, timeouts.cleanup_sec)
+        await _wait_first(registry.idle_future(), hurry, max(0.0, cleanup_end - loop.time()))
     active = registry.active
     if active:
         logger.warning(

@@ -27,13 +27,14 @@ __all__ = [
 ]
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, init=False)
 class AgentWorkflowConfig(BaseConfig):
     """Configuration of a workflow: ``name``, ``description``, ``concurrency``, ``extra``.
 
     ``concurrency.max_concurrent`` is LocalBackend's slot count: an int, or None for no
     limit (a backend built without any workflow config uses 4). Each rollout gets its own
-    deep copy. Extra keys are allowed (see :meth:`from_mapping` and :meth:`get`).
+    deep copy. Extra keys are allowed: ``AgentWorkflowConfig(name="agent", model="m")``
+    keeps ``model`` in ``extra``, readable as ``config.model`` or ``config.get("model")``.
     """
 
 

@@ -207,12 +207,11 @@ def _csv_records(data: bytes, issues: _Issues) -> Iterator[tuple[int, Mapping[st
             issues.add(start, None, f"unreadable CSV: {exc}")
             return
         line, start = start, reader.line_num + 1
-        extra = record.pop(None, None)  # type: ignore[call-overload]
+        extra = record.pop(None, None)
         if extra:
+            cells = len(names) + len(extra)
             issues.add(
-                line,
-                None,
-                f"the row has {len(names) + len(extra)} cells but the header has {len(names)} columns",
+                line, None, f"the row has {cells} cells but the header has {len(names)} columns"
             )
             continue
         cleaned = {key: (None if value in (None, "") else value) for key, value in record.items()}
@@ -235,7 +234,9 @@ def _json_kind(value: object) -> str:
     return "an object"
 
 
-def _optional_text(record: Mapping[str, Any], field: str, line: int, issues: _Issues) -> tuple[bool, str | None]:
+def _optional_text(
+    record: Mapping[str, Any], field: str, line: int, issues: _Issues
+) -> tuple[bool, str | None]:
     value = record.get(field)
     if value is None or value == "":
         return True, None
@@ -245,7 +246,9 @@ def _optional_text(record: Mapping[str, Any], field: str, line: int, issues: _Is
     return True, value
 
 
-def _label_value(record: Mapping[str, Any], field: str, line: int, issues: _Issues) -> tuple[bool, str | None]:
+def _label_value(
+    record: Mapping[str, Any], field: str, line: int, issues: _Issues
+) -> tuple[bool, str | None]:
     value = record.get(field)
     if value is None or value == "":
         return True, None
@@ -257,7 +260,9 @@ def _label_value(record: Mapping[str, Any], field: str, line: int, issues: _Issu
     return False, None
 
 
-def _metadata_value(record: Mapping[str, Any], line: int, issues: _Issues) -> tuple[bool, dict[str, Any] | None]:
+def _metadata_value(
+    record: Mapping[str, Any], line: int, issues: _Issues
+) -> tuple[bool, dict[str, Any] | None]:
     value = record.get("metadata")
     if value is None or value == "":
         return True, None
@@ -265,18 +270,26 @@ def _metadata_value(record: Mapping[str, Any], line: int, issues: _Issues) -> tu
         try:
             value = json.loads(value, parse_constant=_reject_constant)
         except json.JSONDecodeError as exc:
-            issues.add(line, "metadata", f"is a string but not valid JSON: {exc.msg} (column {exc.colno})")
+            issues.add(
+                line, "metadata", f"is a string but not valid JSON: {exc.msg} (column {exc.colno})"
+            )
             return False, None
         except ValueError as exc:
             issues.add(line, "metadata", str(exc))
             return False, None
     if not isinstance(value, dict):
-        issues.add(line, "metadata", f"must be a JSON object (or a string holding one), got {_json_kind(value)}")
+        issues.add(
+            line,
+            "metadata",
+            f"must be a JSON object (or a string holding one), got {_json_kind(value)}",
+        )
         return False, None
     return True, value or None
 
 
-def _validate(record: Mapping[str, Any], *, line: int, index: int, issues: _Issues) -> DatasetRow | None:
+def _validate(
+    record: Mapping[str, Any], *, line: int, index: int, issues: _Issues
+) -> DatasetRow | None:
     ok_system, system_prompt = _optional_text(record, "system_prompt", line, issues)
     ok_user, user_prompt = _optional_text(record, "user_prompt", line, issues)
     ok_label, label = _label_value(record, "label", line, issues)
@@ -293,7 +306,11 @@ def _validate(record: Mapping[str, Any], *, line: int, index: int, issues: _Issu
         return None
     label = label if label is not None else ground_truth
     if user_prompt is None and metadata is None:
-        issues.add(line, "user_prompt", "is missing (and there is no metadata)" + _hint(record, _PROMPT_LOOKALIKES))
+        issues.add(
+            line,
+            "user_prompt",
+            "is missing (and there is no metadata)" + _hint(record, _PROMPT_LOOKALIKES),
+        )
         return None
     if label is None and metadata is None:
         issues.add(

@@ -10,10 +10,11 @@ The journal is append-only and is the resume authority. Each line is an object::
 
 * ``success``: the server reported ``success``; ``reward`` is the grader's reward;
 * ``failed``: the rollout failed for a reason that is the agent's or the model's
-  (``agent_error``, ``timeout``, ``validation_error``, ``http_error``, no category);
-  scored as reward 0;
+  (``agent_error``, ``timeout``, ``validation_error``, no category; ``no_reward`` for a
+  success without a reward); scored as reward 0;
 * ``skipped``: the grader asked to remove the sample (``remove_sample``); not scored;
-* ``infra_failure``: the infrastructure failed (lease expiry, the server's task crashed,
+* ``infra_failure``: the infrastructure failed (``lease_expired``, ``internal_error``,
+  ``http_error`` (a sandbox or provider failure), a category this client does not know,
   transport or protocol errors, admission timeout, a rollout that outlived its deadline);
   never scored. ``status`` is null when no terminal status was received; ``err_category``
   then names the client-side cause (``transport_error``, ``protocol_error``,
@@ -34,16 +35,12 @@ import datetime
 import json
 import math
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
 from .errors import JournalError
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not on POSIX
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "DONE_OUTCOMES",
@@ -75,7 +72,10 @@ def utc_now() -> str:
 def _clip(message: str | None) -> str | None:
     if message is None or len(message) <= MAX_ERR_MESSAGE_CHARS:
         return message
-    return message[:MAX_ERR_MESSAGE_CHARS] + f"… [{len(message) - MAX_ERR_MESSAGE_CHARS} more characters]"
+    return (
+        message[:MAX_ERR_MESSAGE_CHARS]
+        + f"… [{len(message) - MAX_ERR_MESSAGE_CHARS} more characters]"
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,6 +102,10 @@ class JournalRecord:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {self.outcome!r}")
         if self.reward is not None and not math.isfinite(self.reward):
             raise ValueError("reward must be finite")
+        if self.latency_sec is not None:
+            # Kept at the precision the journal line holds, so a record read back from the
+            # journal equals the one written (and summaries agree before and after a resume).
+            object.__setattr__(self, "latency_sec", round(self.latency_sec, 6))
 
     @property
     def item(self) -> Item:
@@ -244,8 +248,10 @@ class Journal:
             raise
 
     def _lock(self) -> None:
-        if fcntl is None:  # pragma: no cover - not on POSIX
+        if sys.platform == "win32":  # pragma: no cover - advisory locks are POSIX only
             return
+        import fcntl
+
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

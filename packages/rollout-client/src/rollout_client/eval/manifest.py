@@ -209,7 +209,11 @@ def compare_manifests(old: Manifest, new: Manifest, *, run_dir: Path) -> list[st
             f"--grader-timeout-sec ({_timeout_text(a.grader_timeout_sec)} -> "
             f"{_timeout_text(b.grader_timeout_sec)})"
         )
-    if old.chat_models is not None and new.chat_models is not None and old.chat_models != new.chat_models:
+    if (
+        old.chat_models is not None
+        and new.chat_models is not None
+        and old.chat_models != new.chat_models
+    ):
         changed.append(
             f"models served at the chat URL ({', '.join(old.chat_models) or 'none'} -> "
             f"{', '.join(new.chat_models) or 'none'})"
@@ -227,7 +231,8 @@ def compare_manifests(old: Manifest, new: Manifest, *, run_dir: Path) -> list[st
         warnings.append(f"the rollout server URL changed ({old.server_url} -> {new.server_url})")
     if old.chat_url != new.chat_url:
         warnings.append(f"the chat URL changed ({old.chat_url} -> {new.chat_url})")
-    if old.chat_models is None or new.chat_models is None:
-        if old.chat_url != new.chat_url:
-            warnings.append("the chat endpoint's models could not be compared; make sure it serves the same model")
+    if (old.chat_models is None or new.chat_models is None) and old.chat_url != new.chat_url:
+        warnings.append(
+            "the chat endpoint's models could not be compared; make sure it serves the same model"
+        )
     return warnings

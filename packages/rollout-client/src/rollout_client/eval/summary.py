@@ -6,6 +6,8 @@ resumed run and an uninterrupted run over the same results produce the same summ
 Scoring rules:
 
 * an item's state is the ``outcome`` of its last journal record, or ``not_started``;
+  ``by_status`` counts the server's terminal status of that record (``no_result`` when
+  the client never received one: transport or protocol errors, timeouts);
 * *scored* items are ``success`` and ``failed``; a failed rollout (an agent or model
   failure) scores reward 0; ``skipped`` and ``infra_failure`` items are never scored;
 * an item *passes* when it succeeded with ``reward >= pass_threshold``;
@@ -112,7 +114,7 @@ def summarize(
     all_records = list(records)
     wanted = set(items)
     latest = {item: rec for item, rec in latest_by_item(all_records).items() if item in wanted}
-    states: Counter[str] = Counter({state: 0 for state in STATES})
+    states: Counter[str] = Counter(dict.fromkeys(STATES, 0))
     by_status: Counter[str] = Counter()
     by_category: Counter[str] = Counter()
     scored: list[float] = []
@@ -126,11 +128,13 @@ def summarize(
             states["not_started"] += 1
             continue
         states[record.outcome] += 1
-        by_status[record.status or "none"] += 1
+        by_status[record.status or "no_result"] += 1
         if record.err_category is not None:
             by_category[record.err_category] += 1
         if record.outcome in ("success", "failed"):
-            reward = record.reward if record.outcome == "success" and record.reward is not None else 0.0
+            reward = (
+                record.reward if record.outcome == "success" and record.reward is not None else 0.0
+            )
             scored.append(reward)
             passed = record.outcome == "success" and reward >= pass_threshold
             passes += passed
@@ -140,7 +144,9 @@ def summarize(
         if record.outcome in ("success", "failed", "skipped") and record.latency_sec is not None:
             latencies.append(record.latency_sec)
     latencies.sort()
-    infra_attempts = sum(1 for rec in all_records if rec.outcome == "infra_failure" and rec.item in wanted)
+    infra_attempts = sum(
+        1 for rec in all_records if rec.outcome == "infra_failure" and rec.item in wanted
+    )
     pending = states["infra_failure"] + states["not_started"]
     summary: dict[str, Any] = {
         "format": SUMMARY_FORMAT,
@@ -162,7 +168,9 @@ def summarize(
             "median": _rounded(statistics.median(scored)) if scored else None,
             "min": _rounded(min(scored)) if scored else None,
             "max": _rounded(max(scored)) if scored else None,
-            "mean_of_successes": _rounded(statistics.fmean(success_rewards)) if success_rewards else None,
+            "mean_of_successes": _rounded(statistics.fmean(success_rewards))
+            if success_rewards
+            else None,
             "failed_count_as": 0.0,
         },
         "pass": {
@@ -226,6 +234,10 @@ def format_summary(summary: Mapping[str, Any], *, files: Sequence[str] = ()) -> 
     rows: list[tuple[str, str]] = []
     for outcome, count in summary["by_outcome"].items():
         rows.append((f"  {outcome}", str(count)))
+    statuses = summary.get("by_status") or {}
+    rows.append(
+        ("server status", "  ".join(f"{name} {count}" for name, count in statuses.items()) or "-")
+    )
     rows.append(("err_category", ""))
     categories = summary["by_err_category"]
     if categories:
@@ -262,7 +274,10 @@ def format_summary(summary: Mapping[str, Any], *, files: Sequence[str] = ()) -> 
     )
     infra = summary["infra_failures"]
     rows.append(
-        ("infra failures", f"{infra['pending_items']} items pending, {infra['attempts']} attempts in all")
+        (
+            "infra failures",
+            f"{infra['pending_items']} items pending, {infra['attempts']} attempts in all",
+        )
     )
     width = max(len(label) for label, _ in [("outcome", ""), *rows])
     lines = [title, f"{'outcome':<{width}}  count"]

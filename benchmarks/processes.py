@@ -1,0 +1,239 @@
+"""Start and stop the benchmark's processes: a rollout server of either stack, a load generator.
+
+Every process gets its own session (so a terminal's Ctrl-C reaches only the suite) and is
+stopped by its own PID: SIGTERM, a bounded wait, then SIGKILL and another bounded wait.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self
+
+__all__ = [
+    "HarnessError",
+    "ServerProcess",
+    "run_loadgen",
+    "stop_process",
+]
+
+ROOT: Final = Path(__file__).resolve().parents[1]
+"""The repository root: the working directory of every process, so ``benchmarks`` imports."""
+
+START_TIMEOUT_SEC: Final = 60.0
+"""Longest a server may take to publish its port and answer ``GET /health``."""
+
+STOP_TIMEOUT_SEC: Final = 30.0
+"""Longest a server may take to exit after SIGTERM before it is killed."""
+
+KILL_WAIT_SEC: Final = 10.0
+LOADGEN_GRACE_SEC: Final = 60.0
+"""Time a load generator gets beyond its own deadline (start-up, closing) before a kill."""
+
+_SCRUBBED_ENV: Final = (
+    "_OSMOSIS_ROLLOUT_PORT",
+    "_OSMOSIS_ROLLOUT_PREVIEW_ROOT",
+    "OSMOSIS_ROLLOUT_OTLP_ENDPOINT",
+)
+
+
+class HarnessError(RuntimeError):
+    """A benchmark process failed to start, to answer, or to report."""
+
+
+def stop_process(process: subprocess.Popen[Any], timeout_sec: float = STOP_TIMEOUT_SEC) -> int:
+    """Stop ``process`` by its PID: SIGTERM, wait ``timeout_sec``, then SIGKILL.
+
+    Returns:
+        Its exit status (negative: killed by that signal).
+    """
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout_sec)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait(KILL_WAIT_SEC)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class ServerProcess:
+    """One rollout server of ``stack`` ("ours" or "osmosis") on 127.0.0.1, port 0.
+
+    Use as a context manager: entering starts it and waits until ``GET /health`` answers
+    200; leaving stops it by its PID and deletes its artifact directory.
+
+    Args:
+        stack: Which implementation to serve.
+        python: The interpreter of that stack's venv.
+        log_path: Where the server's stdout and stderr go.
+    """
+
+    def __init__(self, *, stack: str, python: str, log_path: Path) -> None:
+        if stack not in ("ours", "osmosis"):
+            raise ValueError(f"stack must be 'ours' or 'osmosis'; got {stack!r}")
+        self.stack = stack
+        self.python = python
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self._workdir: Path | None = None
+
+    @property
+    def pid(self) -> int:
+        """The server's process id (only while it runs)."""
+        if self.process is None:
+            raise HarnessError("the server is not running")
+        return self.process.pid
+
+    def _command(self, port_file: Path) -> list[str]:
+        if self.stack == "ours":
+            return [
+                self.python,
+                "-m",
+                "rollout_server",
+                "serve",
+                "benchmarks.apps.ours_app:backend",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--port-file",
+                str(port_file),
+                "--app-dir",
+                str(ROOT),
+            ]
+        return [self.python, "-m", "benchmarks.apps.osmosis_serve", "--port-file", str(port_file)]
+
+    def __enter__(self) -> Self:
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"rollout-bench-{self.stack}-"))
+        artifacts = self._workdir / "artifacts"
+        port_file = self._workdir / "port"
+        env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+        env["ROLLOUT_ARTIFACT_ROOT"] = env["_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"] = str(artifacts)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                self._command(port_file),
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            self._wait_ready(port_file)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_ready(self, port_file: Path) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + START_TIMEOUT_SEC
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise HarnessError(
+                    f"{self.stack} server exited with {self.process.returncode} while "
+                    f"starting; its log ends:\n{_tail(self.log_path)}"
+                )
+            if not self.url and port_file.exists():
+                port = port_file.read_text(encoding="ascii").strip()
+                if port.isdigit():
+                    self.url = f"http://127.0.0.1:{port}"
+            if self.url and _healthy(self.url):
+                return
+            time.sleep(0.05)
+        raise HarnessError(
+            f"{self.stack} server did not answer GET /health within {START_TIMEOUT_SEC:.0f} s; "
+            f"its log ends:\n{_tail(self.log_path)}"
+        )
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            if self.process is not None:
+                stop_process(self.process)
+        finally:
+            self.process = None
+            if self._workdir is not None:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+                self._workdir = None
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2.0) as response:  # noqa: S310
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def run_loadgen(
+    *, python: str, args: list[str], deadline_sec: float, log_path: Path
+) -> dict[str, Any]:
+    """Run ``python -m benchmarks.loadgen *args`` and return the JSON it prints.
+
+    Args:
+        python: The interpreter of the client's venv.
+        args: The load generator's arguments (``--deadline-sec`` among them).
+        deadline_sec: The load generator's own bound; it is killed
+            :data:`LOADGEN_GRACE_SEC` later.
+        log_path: Where its stderr goes (appended).
+
+    Raises:
+        HarnessError: When it exits non-zero, overruns, or prints no JSON object.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [python, "-m", "benchmarks.loadgen", *args],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+        )
+        try:
+            stdout, _ = process.communicate(timeout=deadline_sec + LOADGEN_GRACE_SEC)
+        except subprocess.TimeoutExpired:
+            stop_process(process, timeout_sec=5.0)
+            raise HarnessError(
+                f"load generator overran {deadline_sec + LOADGEN_GRACE_SEC:.0f} s and was stopped"
+            ) from None
+        finally:
+            if process.poll() is None:
+                stop_process(process, timeout_sec=5.0)
+    if process.returncode != 0:
+        raise HarnessError(
+            f"load generator exited with {process.returncode}; its log ends:\n{_tail(log_path)}"
+        )
+    lines = stdout.decode("utf-8", errors="replace").strip().splitlines()
+    try:
+        figures = json.loads(lines[-1])
+    except (IndexError, ValueError) as exc:
+        raise HarnessError(f"load generator printed no JSON object: {stdout[-500:]!r}") from exc
+    if not isinstance(figures, dict):
+        raise HarnessError(f"load generator printed {type(figures).__name__}, not an object")
+    return figures

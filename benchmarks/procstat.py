@@ -1,0 +1,65 @@
+"""Read a process's CPU time and memory from ``/proc`` (Linux only, no psutil needed)."""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import Final
+
+__all__ = ["cpu_seconds", "memory_kib", "self_cpu_seconds"]
+
+_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
+
+_UTIME_FIELD: Final = 11
+"""Index of ``utime`` among the ``/proc/<pid>/stat`` fields that follow ``(comm)``."""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far.
+
+    Args:
+        pid: A live process id.
+
+    Returns:
+        Seconds, with the kernel's clock-tick resolution (usually 10 ms).
+
+    Raises:
+        OSError: When the process does not exist (``FileNotFoundError``) or ``/proc`` is
+            unavailable.
+    """
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+        text = stat.read()
+    # The command name may hold spaces and parentheses: split after its last ')'.
+    fields = text[text.rindex(")") + 2 :].split()
+    utime, stime = int(fields[_UTIME_FIELD]), int(fields[_UTIME_FIELD + 1])
+    return (utime + stime) / _CLOCK_TICKS
+
+
+def memory_kib(pid: int) -> tuple[int, int]:
+    """Resident set size of process ``pid`` now and at its peak.
+
+    Args:
+        pid: A live process id.
+
+    Returns:
+        ``(VmRSS, VmHWM)`` in KiB.
+
+    Raises:
+        OSError: When the process does not exist or ``/proc`` is unavailable.
+        ValueError: When ``/proc/<pid>/status`` lacks either line (a kernel thread).
+    """
+    values: dict[str, int] = {}
+    with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                values[key] = int(rest.split()[0])
+    if len(values) != 2:
+        raise ValueError(f"/proc/{pid}/status has no VmRSS/VmHWM lines")
+    return values["VmRSS"], values["VmHWM"]
+
+
+def self_cpu_seconds() -> float:
+    """User plus system CPU time of the calling process so far, in seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

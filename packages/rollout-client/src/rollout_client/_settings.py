@@ -1,0 +1,76 @@
+"""The client's timings and retry schedules, gathered in one frozen object.
+
+:data:`DEFAULT_SETTINGS` holds the protocol's values. Tests swap in another
+:class:`ClientSettings` (``client._settings = attrs.evolve(DEFAULT_SETTINGS, ...)``) to make
+backoff sleeps instant, drive a fake clock or shorten the read grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import attrs
+
+from .retry import GATEWAY_RETRY, TRANSPORT_RETRY, RetrySchedule
+
+__all__ = [
+    "ADMISSION_READ_TIMEOUT_SEC",
+    "CANCEL_TIMEOUT_SEC",
+    "CONNECT_TIMEOUT_SEC",
+    "DEFAULT_SETTINGS",
+    "HEALTH_TIMEOUT_SEC",
+    "RESULT_READ_GRACE_SEC",
+    "UNKNOWN_STATUS_REPOLL_SEC",
+    "ClientSettings",
+]
+
+RESULT_READ_GRACE_SEC: Final = 10.0
+"""Added to the server's ``result_wait_timeout_sec`` to get a result poll's read timeout."""
+
+CONNECT_TIMEOUT_SEC: Final = 10.0
+"""Bound on opening one TCP connection (``sock_connect``), seconds."""
+
+ADMISSION_READ_TIMEOUT_SEC: Final = 30.0
+"""Bound on reading each chunk of the ``POST /rollout`` answer (``sock_read``), seconds.
+
+The server answers admission at once; ``admission_timeout_sec`` bounds admission as a whole.
+"""
+
+HEALTH_TIMEOUT_SEC: Final = 10.0
+"""Bound on one ``GET /health`` exchange, pool wait and connect included, seconds."""
+
+CANCEL_TIMEOUT_SEC: Final = 5.0
+"""Wall-clock bound on :meth:`RolloutClient.cancel_rollout`, pool wait included, seconds."""
+
+UNKNOWN_STATUS_REPOLL_SEC: Final = 1.0
+"""Longest pause before re-polling a rollout that twice reported a status this client does
+not know (a newer server's status might be terminal and answer at once)."""
+
+
+async def _real_sleep(delay_sec: float) -> None:
+    await asyncio.sleep(delay_sec)
+
+
+@attrs.frozen(kw_only=True)
+class ClientSettings:
+    """Timings (float seconds) and retry schedules one :class:`RolloutClient` uses."""
+
+    transport_retry: RetrySchedule = TRANSPORT_RETRY
+    gateway_retry: RetrySchedule = GATEWAY_RETRY
+    result_read_grace_sec: float = RESULT_READ_GRACE_SEC
+    connect_timeout_sec: float = CONNECT_TIMEOUT_SEC
+    admission_read_timeout_sec: float = ADMISSION_READ_TIMEOUT_SEC
+    health_timeout_sec: float = HEALTH_TIMEOUT_SEC
+    cancel_timeout_sec: float = CANCEL_TIMEOUT_SEC
+    unknown_status_repoll_sec: float = UNKNOWN_STATUS_REPOLL_SEC
+    sleep: Callable[[float], Awaitable[None]] = _real_sleep
+    """Backoff sleeps (retries, 429s, ``wait_idle`` intervals)."""
+    clock: Callable[[], float] = time.monotonic
+    """The clock of lease deadlines; must agree with ``sleep``."""
+
+
+DEFAULT_SETTINGS: Final = ClientSettings()
+"""The protocol's timings and schedules."""

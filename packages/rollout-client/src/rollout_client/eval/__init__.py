@@ -1,0 +1,53 @@
+"""``rollout-eval``: evaluate a dataset through a rollout server with ``RolloutClient``.
+
+The command is :func:`rollout_client.eval.cli.main`; :func:`run_eval` is the same job as a
+coroutine for programs that drive it themselves.
+"""
+
+from __future__ import annotations
+
+from .dataset import Dataset, DatasetRow, load_dataset, parse_row_selection
+from .errors import (
+    DatasetError,
+    EvalError,
+    EvalInputError,
+    JournalError,
+    ManifestMismatchError,
+    RowIssue,
+    RunStateError,
+)
+from .journal import Journal, JournalRecord, read_journal
+from .runner import (
+    EvalOptions,
+    EvalReport,
+    RunControl,
+    ServerUnavailableError,
+    classify_result,
+    run_eval,
+)
+from .summary import format_summary, summarize
+
+__all__ = [
+    "Dataset",
+    "DatasetError",
+    "DatasetRow",
+    "EvalError",
+    "EvalInputError",
+    "EvalOptions",
+    "EvalReport",
+    "Journal",
+    "JournalError",
+    "JournalRecord",
+    "ManifestMismatchError",
+    "RowIssue",
+    "RunControl",
+    "RunStateError",
+    "ServerUnavailableError",
+    "classify_result",
+    "format_summary",
+    "load_dataset",
+    "parse_row_selection",
+    "read_journal",
+    "run_eval",
+    "summarize",
+]

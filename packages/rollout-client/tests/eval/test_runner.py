@@ -1,0 +1,423 @@
+"""The evaluation runner against an in-memory fake server and client."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from rollout_client.eval import (
+    EvalInputError,
+    EvalOptions,
+    ManifestMismatchError,
+    RunControl,
+    RunStateError,
+    ServerUnavailableError,
+    read_journal,
+    run_eval,
+)
+from rollout_client.eval.runner import capacity_from_health, classify_result
+from rollout_types import RolloutResultResponse, RolloutSample
+
+
+def options(dataset: Path, tmp_path: Path, **overrides: Any) -> EvalOptions:
+    values: dict[str, Any] = {
+        "dataset": dataset,
+        "server_url": "http://127.0.0.1:9",
+        "chat_url": "http://127.0.0.1:9/v1",
+        "output": tmp_path / "out",
+        "progress": "off",
+    }
+    values.update(overrides)
+    return EvalOptions(**values)
+
+
+def by_label(results: dict[str, str]) -> Any:
+    """A behaviour: reward 1 for labels listed as "pass", 0 for "wrong", else a failure."""
+
+    async def behave(request: dict[str, Any], _cancelled: asyncio.Event) -> RolloutResultResponse:
+        await asyncio.sleep(0)
+        kind = results.get(request["label"], "pass")
+        rid = request["rollout_id"]
+        if kind == "pass":
+            return RolloutResultResponse(
+                rollout_id=rid, status="success", sample=RolloutSample(reward=1.0)
+            )
+        if kind == "wrong":
+            return RolloutResultResponse(
+                rollout_id=rid, status="success", sample=RolloutSample(reward=0.0)
+            )
+        if kind == "removed":
+            return RolloutResultResponse(
+                rollout_id=rid,
+                status="success",
+                sample=RolloutSample(remove_sample=True),
+            )
+        return RolloutResultResponse(
+            rollout_id=rid, status="failure", err_category=kind, err_message=f"{kind} happened"
+        )
+
+    return behave
+
+
+class TestRunEval:
+    async def test_complete_run_writes_journal_manifest_and_summary(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Every item runs once with its row's prompt and label, and the summary counts them."""
+        server = fakes.FakeServer(by_label({"1": "wrong", "2": "agent_error"}))
+        report = await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=server.factory
+        )
+        assert report.exit_code == 0
+        assert len(server.requests) == 5
+        first = next(r for r in server.requests if r["label"] == "3")
+        assert first["initial_messages"] == [{"role": "user", "content": "What is 3 + 0?"}]
+        assert first["extra_fields"] == {"row_index": 3, "run_index": 0}
+        assert len({r["rollout_id"] for r in server.requests}) == 5
+        summary = json.loads((report.run_dir / "summary.json").read_text())
+        assert summary["by_outcome"]["success"] == 4
+        assert summary["by_outcome"]["failed"] == 1
+        assert summary["by_err_category"] == {"agent_error": 1}
+        assert summary["pass"]["passed"] == 3
+        assert summary["reward"]["mean"] == pytest.approx(3 / 5)
+        assert (report.run_dir / "manifest.json").exists()
+        assert len(read_journal(report.run_dir / "events.jsonl")) == 5
+        assert "pass rate" in report.summary_text
+
+    async def test_infrastructure_failures_are_not_scored(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """lease_expired, internal_error and http_error results are infra failures, not zeros."""
+        server = fakes.FakeServer(
+            by_label({"0": "lease_expired", "1": "internal_error", "2": "http_error"})
+        )
+        report = await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=server.factory
+        )
+        summary = report.summary
+        assert report.exit_code == 1
+        assert summary["by_outcome"]["infra_failure"] == 3
+        assert summary["reward"]["count"] == 2
+        assert summary["reward"]["mean"] == 1.0
+        assert summary["items"]["pending"] == 3
+        assert summary["by_err_category"] == {
+            "http_error": 1,
+            "internal_error": 1,
+            "lease_expired": 1,
+        }
+
+    async def test_transport_and_protocol_errors_are_infra_failures(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Exceptions while polling are recorded with a client-side category, never as 0."""
+        from rollout_client import RolloutProtocolError
+
+        async def behave(request: dict[str, Any], _c: asyncio.Event) -> RolloutResultResponse:
+            if request["label"] == "0":
+                raise aiohttp.ServerDisconnectedError()
+            if request["label"] == "1":
+                raise RolloutProtocolError("GET /rollout/x/result returned 404", status_code=404)
+            return RolloutResultResponse(
+                rollout_id=request["rollout_id"], status="success", sample=RolloutSample(reward=1)
+            )
+
+        server = fakes.FakeServer(behave)
+        report = await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=server.factory
+        )
+        records = {r.row_index: r for r in read_journal(report.run_dir / "events.jsonl")}
+        assert records[0].outcome == "infra_failure"
+        assert records[0].err_category == "transport_error"
+        assert records[1].err_category == "protocol_error"
+        assert "404" in (records[1].err_message or "")
+        assert report.summary["reward"]["count"] == 3
+
+    async def test_consecutive_infra_failures_stop_the_run(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """After N infrastructure failures in a row no new rollout starts; the reason is given."""
+
+        async def behave(request: dict[str, Any], _c: asyncio.Event) -> RolloutResultResponse:
+            raise aiohttp.ClientConnectionError("connection refused")
+
+        server = fakes.FakeServer(behave)
+        report = await run_eval(
+            options(dataset, tmp_path, concurrency=1, max_consecutive_infra_failures=2),
+            stream=io.StringIO(),
+            client_factory=server.factory,
+        )
+        assert len(server.requests) == 2
+        assert report.exit_code == 1
+        assert report.stop_reason is not None
+        assert "2 consecutive infrastructure failures" in report.stop_reason
+        assert report.summary["items"]["pending"] == 5
+
+    async def test_admission_errors_are_infra_failures(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """An admission timeout is recorded as ``admission_timeout`` and the item stays pending."""
+        from rollout_client import RolloutAdmissionTimeoutError
+
+        def admit(request: dict[str, Any]) -> None:
+            if request["label"] == "4":
+                raise RolloutAdmissionTimeoutError(
+                    "admission timed out",
+                    rollout_id=request["rollout_id"],
+                    may_have_succeeded=False,
+                )
+
+        server = fakes.FakeServer(by_label({}), admit=admit)
+        report = await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=server.factory
+        )
+        assert report.summary["by_err_category"] == {"admission_timeout": 1}
+        assert report.summary["items"]["pending"] == 1
+
+    async def test_default_concurrency_is_the_server_capacity(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Without --concurrency at most the /health capacity is in flight at once."""
+        release = asyncio.Event()
+
+        async def behave(request: dict[str, Any], _c: asyncio.Event) -> RolloutResultResponse:
+            if server.in_flight >= 2:
+                release.set()
+            await release.wait()
+            return RolloutResultResponse(
+                rollout_id=request["rollout_id"], status="success", sample=RolloutSample(reward=1)
+            )
+
+        server = fakes.FakeServer(
+            behave, health={"concurrency": {"max_concurrent": 2, "queued": 0, "running": 0}}
+        )
+        report = await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=server.factory
+        )
+        assert report.exit_code == 0
+        assert server.max_in_flight == 2
+        assert report.summary["run"]["concurrency"] == 2
+
+    async def test_remove_sample_is_skipped(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """A success with remove_sample is skipped: done, but neither scored nor pending."""
+        server = fakes.FakeServer(by_label({"0": "removed"}))
+        report = await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=server.factory
+        )
+        assert report.summary["by_outcome"]["skipped"] == 1
+        assert report.summary["reward"]["count"] == 4
+        assert report.summary["complete"] is True
+
+    async def test_n_repetitions_report_pass_at_k(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """--n 2 runs every row twice and reports pass@1 and pass@2."""
+        server = fakes.FakeServer(by_label({"0": "wrong"}))
+        report = await run_eval(
+            options(dataset, tmp_path, n=2, rows="0-1"),
+            stream=io.StringIO(),
+            client_factory=server.factory,
+        )
+        assert sorted(
+            (r["extra_fields"]["row_index"], r["extra_fields"]["run_index"])
+            for r in server.requests
+        ) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert report.summary["pass_at_k"]["1"]["value"] == 0.5
+        assert report.summary["pass_at_k"]["2"]["value"] == 0.5
+
+
+class TestResume:
+    async def test_resume_runs_only_pending_items(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """A second run retries the infra failures only and ends with the full summary."""
+        failing = fakes.FakeServer(by_label({"2": "lease_expired"}))
+        first = await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=failing.factory
+        )
+        assert first.summary["items"]["pending"] == 1
+        healthy = fakes.FakeServer(by_label({}))
+        second = await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=healthy.factory
+        )
+        assert [r["label"] for r in healthy.requests] == ["2"]
+        assert second.exit_code == 0
+        assert second.summary["by_outcome"]["success"] == 5
+        assert second.summary["infra_failures"]["attempts"] == 1
+
+    async def test_nothing_pending_runs_nothing(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Re-running a complete run contacts no server and reproduces the summary."""
+        server = fakes.FakeServer(by_label({"1": "wrong"}))
+        first = await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=server.factory
+        )
+        again = fakes.FakeServer(by_label({}))
+        second = await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=again.factory
+        )
+        assert again.requests == []
+        assert again.client_kwargs == []
+        for key in ("by_outcome", "reward", "pass", "latency_sec", "items"):
+            assert second.summary[key] == first.summary[key]
+
+    async def test_changed_inputs_are_refused(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Resuming with another --n lists what changed and suggests --fresh."""
+        server = fakes.FakeServer(by_label({}))
+        await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=server.factory
+        )
+        with pytest.raises(ManifestMismatchError, match=r"--n \(1 -> 2\)") as caught:
+            await run_eval(
+                options(dataset, tmp_path, n=2), stream=io.StringIO(), client_factory=server.factory
+            )
+        assert "--fresh" in str(caught.value)
+
+    async def test_fresh_archives_the_previous_run(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """--fresh moves the old run aside and runs every item again."""
+        server = fakes.FakeServer(by_label({}))
+        await run_eval(
+            options(dataset, tmp_path), stream=io.StringIO(), client_factory=server.factory
+        )
+        report = await run_eval(
+            options(dataset, tmp_path, n=2, mode="fresh"),
+            stream=io.StringIO(),
+            client_factory=server.factory,
+        )
+        assert len(server.requests) == 5 + 10
+        archived = [p.name for p in (tmp_path / "out").iterdir() if ".archived-" in p.name]
+        assert len(archived) == 1
+        assert report.summary["items"]["total"] == 10
+
+    async def test_resume_flag_needs_an_existing_run(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """--resume without a run to resume is a clear error."""
+        server = fakes.FakeServer(by_label({}))
+        with pytest.raises(RunStateError, match="no run 'tiny'"):
+            await run_eval(
+                options(dataset, tmp_path, mode="resume"),
+                stream=io.StringIO(),
+                client_factory=server.factory,
+            )
+
+
+class TestStop:
+    async def test_stop_cancels_in_flight_rollouts_and_leaves_them_pending(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """A stop request cancels every in-flight rollout on the server and records none."""
+        control = RunControl()
+
+        async def behave(
+            request: dict[str, Any], cancelled: asyncio.Event
+        ) -> RolloutResultResponse:
+            if server.in_flight == 2:
+                control.request_stop("interrupted", interrupted=True)
+            return await fakes.until_cancelled(request, cancelled)
+
+        server = fakes.FakeServer(behave)
+        report = await run_eval(
+            options(dataset, tmp_path, concurrency=2),
+            stream=io.StringIO(),
+            control=control,
+            client_factory=server.factory,
+        )
+        assert report.exit_code == 130
+        assert sorted(server.cancel_requests) == sorted(r["rollout_id"] for r in server.requests)
+        assert len(server.requests) == 2
+        assert read_journal(report.run_dir / "events.jsonl") == []
+        assert report.summary["items"]["pending"] == 5
+
+    async def test_stop_abandons_admissions_in_progress(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """A stop while admissions wait (e.g. on 429s) ends them at once; nothing is recorded."""
+        control = RunControl()
+        server = fakes.FakeServer(
+            by_label({}),
+            admit=lambda _request: control.request_stop("interrupted", interrupted=True),
+            admit_gate=asyncio.Event(),
+        )
+        async with asyncio.timeout(10):
+            report = await run_eval(
+                options(dataset, tmp_path),
+                stream=io.StringIO(),
+                control=control,
+                client_factory=server.factory,
+            )
+        assert report.exit_code == 130
+        assert server.requests == []
+        assert read_journal(report.run_dir / "events.jsonl") == []
+
+    async def test_item_deadline_cancels_and_records_infra_failure(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """A rollout that outlives --item-deadline-sec is cancelled and counted as infra."""
+
+        async def behave(
+            request: dict[str, Any], cancelled: asyncio.Event
+        ) -> RolloutResultResponse:
+            if request["label"] == "0":
+                return await fakes.until_cancelled(request, cancelled)
+            return RolloutResultResponse(
+                rollout_id=request["rollout_id"], status="success", sample=RolloutSample(reward=1)
+            )
+
+        server = fakes.FakeServer(behave)
+        report = await run_eval(
+            options(dataset, tmp_path, item_deadline_sec=0.05),
+            stream=io.StringIO(),
+            client_factory=server.factory,
+        )
+        records = {r.row_index: r for r in read_journal(report.run_dir / "events.jsonl")}
+        assert records[0].err_category == "deadline_exceeded"
+        assert len(server.cancel_requests) == 1
+
+
+class TestServerChecks:
+    async def test_unreachable_server_is_a_clear_error(self, dataset: Path, tmp_path: Path) -> None:
+        """A server nobody listens on fails before any rollout, naming the URL."""
+        with pytest.raises(ServerUnavailableError, match=r"cannot reach the rollout server"):
+            await run_eval(options(dataset, tmp_path), stream=io.StringIO())
+
+    async def test_bad_options_fail_before_anything_runs(
+        self, dataset: Path, tmp_path: Path
+    ) -> None:
+        """An invalid option raises EvalInputError naming the flag."""
+        with pytest.raises(EvalInputError, match="--concurrency"):
+            await run_eval(options(dataset, tmp_path, concurrency=0), stream=io.StringIO())
+        assert not (tmp_path / "out").exists()
+
+
+class TestClassify:
+    def test_capacity_from_health(self) -> None:
+        """Capacity comes from max_queue_depth, else concurrency.max_concurrent, else None."""
+        assert capacity_from_health({"max_queue_depth": 7}) == 7
+        assert capacity_from_health({"concurrency": {"max_concurrent": 4}}) == 4
+        assert capacity_from_health({"concurrency": {"max_concurrent": None}}) is None
+        assert capacity_from_health({"status": "ok"}) is None
+
+    def test_unknown_category_is_not_scored(self) -> None:
+        """A failure category from a newer server is an infra failure, not a zero."""
+        result = RolloutResultResponse(
+            rollout_id="r", status="failure", err_category="quota_exceeded", err_message="q"
+        )
+        assert classify_result(result).outcome == "infra_failure"
+
+    def test_cancelled_is_not_recorded(self) -> None:
+        """A cancelled rollout has no outcome (the item stays pending)."""
+        result = RolloutResultResponse(rollout_id="r", status="cancelled")
+        assert classify_result(result).outcome is None
