@@ -161,7 +161,8 @@ def tests_types(session: nox.Session) -> None:
 def tests_client(session: nox.Session) -> None:
     """rollout-client's own tests, with only rollout-client and rollout-types installed."""
     install_wheels(session, "rollout-types", "rollout-client")
-    session.install(*TEST_DEPS)
+    # uvloop is test-only here: the client suites run under both event loops.
+    session.install(*TEST_DEPS, "uvloop")
     run_pytest(session, "packages/rollout-client/tests")
 
 
@@ -588,7 +589,9 @@ def make_side_venv(session: nox.Session, side: Side) -> str:
     return str(python)
 
 
-def run_matrix(session: nox.Session, pairs: Sequence[CompatPair]) -> None:
+def run_matrix(
+    session: nox.Session, pairs: Sequence[CompatPair], pytest_args: Sequence[str]
+) -> None:
     """Install every side of ``pairs`` into its own venv and run tests/interop and tests/compat.
 
     The test venv (the session's) has only the harness; the suites reach each side
@@ -626,7 +629,7 @@ def run_matrix(session: nox.Session, pairs: Sequence[CompatPair]) -> None:
             env[f"ROLLOUT_INTEROP_OSMOSIS{'' if side.version == '0.3.8' else '032'}_PYTHON"] = (
                 python
             )
-    session.run("pytest", "tests/interop", "tests/compat", *session.posargs, env=env)
+    session.run("pytest", "tests/interop", "tests/compat", *pytest_args, env=env)
 
 
 @nox.session(python=PEER_PYTHON)
@@ -637,7 +640,40 @@ def interop(session: nox.Session) -> None:
     osmosis-ai 0.3.8 directions, osmosis-ai 0.3.2 failing fast both ways), each side in its
     own venv; runs tests/interop and tests/compat. Posargs go to pytest.
     """
-    run_matrix(session, [pair for pair in compat_table() if pair.quick])
+    run_matrix(session, [pair for pair in compat_table() if pair.quick], session.posargs)
+
+
+HEAD_AS_RELEASE = "--head-as-release"
+
+
+def head_releases() -> list[Release]:
+    """HEAD's client and server as if they were released: a dry run of the release path.
+
+    Versions and protocol are read from HEAD's tree with ``git show`` (not the working tree).
+    """
+
+    def show(path: Path) -> str:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"HEAD:{path.as_posix()}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    match = _PROTOCOL_CONSTANT.search(show(_CONSTANTS))
+    if match is None:
+        raise ValueError(f"HEAD has no PROTOCOL_VERSION constant in {_CONSTANTS}")
+    releases = []
+    for name in ("rollout-client", "rollout-server"):
+        pyproject = tomllib.loads(show(PACKAGES[name].relative_to(ROOT) / "pyproject.toml"))
+        version = str(pyproject["project"]["version"])
+        releases.append(
+            Release(distribution=name, version=version, commit=head, protocol=match.group(1))
+        )
+    return releases
 
 
 @nox.session(python=PEER_PYTHON)
@@ -646,6 +682,12 @@ def compat(session: nox.Session) -> None:
 
     Adds our releases (``releases.toml``, rebuilt from git) to the quick pairs of
     ``interop``. Each side is installed from wheels into a venv of its own; the shared
-    scenario suite (tests/compat) runs each pair, plus tests/interop. Posargs go to pytest.
+    scenario suite (tests/compat) runs each pair, plus tests/interop. Other posargs go to
+    pytest. ``--head-as-release`` adds HEAD's client and server as if released (rebuilt
+    from git like a release), to try the release path before there are releases.
     """
-    run_matrix(session, compat_table())
+    pytest_args = [arg for arg in session.posargs if arg != HEAD_AS_RELEASE]
+    releases = load_releases()
+    if HEAD_AS_RELEASE in session.posargs:
+        releases += head_releases()
+    run_matrix(session, compat_table(releases), pytest_args)

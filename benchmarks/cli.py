@@ -99,9 +99,18 @@ def _progress(spec: RunSpec, record: dict[str, Any], index: int, total: int) -> 
 
 
 def run_one(
-    spec: RunSpec, pythons: dict[str, str], loops: dict[str, str], log_dir: Path
+    spec: RunSpec,
+    pythons: dict[str, str],
+    loops: dict[str, str],
+    log_dir: Path,
+    py_spy: str | None = None,
 ) -> dict[str, Any]:
-    """Run one spec: a fresh server, one load generator; return the run record."""
+    """Run one spec: a fresh server, one load generator; return the run record.
+
+    With ``py_spy``, the server is sampled and its profile goes to
+    ``<log_dir>/<label>.profile`` (collapsed stacks, ``python -m benchmarks.profiles``
+    summarises them).
+    """
     record: dict[str, Any] = {
         "type": "run",
         "workloads": list(spec.workloads),
@@ -118,7 +127,11 @@ def run_one(
     log_path = log_dir / f"{spec.label}.log"
     try:
         with ServerProcess(
-            stack=spec.server, python=pythons[spec.server], log_path=log_path
+            stack=spec.server,
+            python=pythons[spec.server],
+            log_path=log_path,
+            py_spy=py_spy,
+            profile_path=log_dir / f"{spec.label}.profile",
         ) as server:
             figures = run_loadgen(
                 python=pythons[spec.client],
@@ -154,6 +167,7 @@ def run_suite(
     loops: dict[str, str],
     out_dir: Path,
     echo: TextIO,
+    py_spy: str | None = None,
 ) -> tuple[Path, Path, list[dict[str, Any]]]:
     """Run every planned run, then write ``bench-<stamp>.jsonl`` and ``bench-<stamp>.md``.
 
@@ -188,7 +202,7 @@ def run_suite(
     with open(jsonl_path, "w", encoding="utf-8") as jsonl:
         jsonl.write(json.dumps(meta) + "\n")
         for index, spec in enumerate(specs, start=1):
-            record = run_one(spec, pythons, loops, log_dir)
+            record = run_one(spec, pythons, loops, log_dir, py_spy)
             runs.append(record)
             records.append(record)
             jsonl.write(json.dumps(record) + "\n")
@@ -318,6 +332,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="event loop of our load generator (auto: uvloop when installed)",
     )
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
+    parser.add_argument(
+        "--py-spy",
+        metavar="PATH",
+        help="sample every server with this py-spy executable (profiles go next to the "
+        "logs; CPU figures then include the sampling overhead, so do not report them)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.profile = "quick"
@@ -369,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loops=loops,
         out_dir=args.out_dir,
         echo=sys.stderr,
+        py_spy=args.py_spy,
     )
     sys.stdout.write(md_path.read_text("utf-8"))
     sys.stdout.write(f"\nwrote {jsonl_path} and {md_path} in {time.monotonic() - began:.0f} s\n")

@@ -26,6 +26,7 @@ import importlib
 import json
 import math
 import os
+import re
 import sys
 import time
 import uuid
@@ -33,7 +34,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Final, Protocol
 
 from benchmarks.apps.behaviour import RELEASE_SIGNAL
-from benchmarks.procstat import cpu_seconds, memory_kib, self_cpu_seconds
+from benchmarks.procstat import cpu_seconds, cpu_times, memory_kib, self_cpu_seconds
 from benchmarks.stats import percentile
 
 __all__ = ["main"]
@@ -48,6 +49,7 @@ OSMOSIS_ROLLOUTS_PER_CLIENT: Final = 64
 """In-flight rollouts per osmosis-ai client: one httpx client fails beyond about 100."""
 
 RSS_SAMPLE_INTERVAL_SEC: Final = 0.25
+_ID_OR_PORT: Final = re.compile(r"[0-9a-f]{10}-[a-z]-\d+|(?<=:)\d{2,5}\b")
 ERROR_KINDS_KEPT: Final = 20
 
 
@@ -171,7 +173,9 @@ class Tally:
         self.latencies.append(latency_sec)
 
     def failed(self, exc: BaseException) -> None:
-        kind = f"{type(exc).__name__}: {str(exc)[:120]}"
+        # One kind per exception type and message, ids and ports masked so they group.
+        message = _ID_OR_PORT.sub("<n>", str(exc))[:160]
+        kind = f"{type(exc).__name__}: {message}"
         if kind in self.errors or len(self.errors) < ERROR_KINDS_KEPT:
             self.errors[kind] += 1
         else:
@@ -238,17 +242,20 @@ async def closed_loop(args: argparse.Namespace, adapter: Adapter) -> dict[str, A
     metadata = {"sleep_sec": args.sleep_sec} if args.sleep_sec > 0 else None
     warmup, measured = Tally(), Tally()
     timed_out = False
-    elapsed = server_cpu = client_cpu = 0.0
+    elapsed = server_cpu = server_sys = client_cpu = 0.0
     try:
         async with asyncio.timeout(args.deadline_sec):
             await drive(adapter, new_ids("w", args.warmup), args.concurrency, metadata, warmup)
-            server_cpu0, client_cpu0 = cpu_seconds(args.server_pid), self_cpu_seconds()
+            server_user0, server_sys0 = cpu_times(args.server_pid)
+            client_cpu0 = self_cpu_seconds()
             started = time.perf_counter()
             try:
                 await drive(adapter, new_ids("m", args.count), args.concurrency, metadata, measured)
             finally:
                 elapsed = time.perf_counter() - started
-                server_cpu = cpu_seconds(args.server_pid) - server_cpu0
+                server_user, server_sys = cpu_times(args.server_pid)
+                server_sys -= server_sys0
+                server_cpu = server_user - server_user0 + server_sys
                 client_cpu = self_cpu_seconds() - client_cpu0
     except TimeoutError:
         timed_out = True
@@ -268,6 +275,7 @@ async def closed_loop(args: argparse.Namespace, adapter: Adapter) -> dict[str, A
         **latency_figures("latency_ms", measured.latencies, 1000.0),
         **latency_figures("overhead_ms", measured.latencies, 1000.0, offset=args.sleep_sec),
         "server_cpu_sec": server_cpu,
+        "server_cpu_sys_sec": server_sys,
         "server_cpu_ms_per_rollout": server_cpu * per_rollout if done else None,
         "server_cpu_util": server_cpu / elapsed if elapsed > 0 else None,
         "client_cpu_ms_per_rollout": client_cpu * per_rollout if done else None,
@@ -349,11 +357,21 @@ async def in_flight(args: argparse.Namespace, adapter: Adapter) -> dict[str, Any
             stop_sampling.set()
             await sampler
             figures["rss_peak_kib"] = peak[0]
+            release_cpu0 = cpu_times(pid)
             os.kill(pid, RELEASE_SIGNAL)
             released_at = time.perf_counter()
             client_cpu0 = self_cpu_seconds()
             await asyncio.gather(*watchers)
             figures["release_sec"] = time.perf_counter() - released_at
+            release_cpu1 = cpu_times(pid)
+            figures["release_server_cpu_ms_per_rollout"] = (
+                (sum(release_cpu1) - sum(release_cpu0)) * 1000.0 / len(watchers)
+                if watchers
+                else None
+            )
+            figures["release_server_sys_share"] = (release_cpu1[1] - release_cpu0[1]) / max(
+                sum(release_cpu1) - sum(release_cpu0), 1e-9
+            )
             figures["client_cpu_ms_per_release"] = (
                 (self_cpu_seconds() - client_cpu0) * 1000.0 / len(watchers) if watchers else None
             )

@@ -36,6 +36,8 @@ STOP_TIMEOUT_SEC: Final = 30.0
 """Longest a server may take to exit after SIGTERM before it is killed."""
 
 KILL_WAIT_SEC: Final = 10.0
+PROFILE_RATE_HZ: Final = 200
+"""Samples per second py-spy takes of a profiled server."""
 LOADGEN_GRACE_SEC: Final = 60.0
 """Time a load generator gets beyond its own deadline (start-up, closing) before a kill."""
 
@@ -50,14 +52,18 @@ class HarnessError(RuntimeError):
     """A benchmark process failed to start, to answer, or to report."""
 
 
-def stop_process(process: subprocess.Popen[Any], timeout_sec: float = STOP_TIMEOUT_SEC) -> int:
-    """Stop ``process`` by its PID: SIGTERM, wait ``timeout_sec``, then SIGKILL.
+def stop_process(
+    process: subprocess.Popen[Any],
+    timeout_sec: float = STOP_TIMEOUT_SEC,
+    signal_number: int = signal.SIGTERM,
+) -> int:
+    """Stop ``process`` by its PID: ``signal_number``, wait ``timeout_sec``, then SIGKILL.
 
     Returns:
         Its exit status (negative: killed by that signal).
     """
     if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal_number)
         try:
             return process.wait(timeout_sec)
         except subprocess.TimeoutExpired:
@@ -83,15 +89,31 @@ class ServerProcess:
         stack: Which implementation to serve.
         python: The interpreter of that stack's venv.
         log_path: Where the server's stdout and stderr go.
+        py_spy: A ``py-spy`` executable: when given, it samples the server while it runs
+            and writes collapsed stacks to ``profile_path`` (``--format raw``).
+        profile_path: Where the profile goes (required with ``py_spy``).
     """
 
-    def __init__(self, *, stack: str, python: str, log_path: Path) -> None:
+    def __init__(
+        self,
+        *,
+        stack: str,
+        python: str,
+        log_path: Path,
+        py_spy: str | None = None,
+        profile_path: Path | None = None,
+    ) -> None:
+        if py_spy is not None and profile_path is None:
+            raise ValueError("profile_path is required with py_spy")
         if stack not in ("ours", "osmosis"):
             raise ValueError(f"stack must be 'ours' or 'osmosis'; got {stack!r}")
         self.stack = stack
         self.python = python
         self.log_path = log_path
+        self.py_spy = py_spy
+        self.profile_path = profile_path
         self.process: subprocess.Popen[bytes] | None = None
+        self.profiler: subprocess.Popen[bytes] | None = None
         self.url = ""
         self._workdir: Path | None = None
 
@@ -140,6 +162,28 @@ class ServerProcess:
             )
         try:
             self._wait_ready(port_file)
+            if self.py_spy is not None and self.profile_path is not None:
+                self.profile_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.log_path.with_suffix(".py-spy.log"), "wb") as spy_log:
+                    self.profiler = subprocess.Popen(
+                        [
+                            self.py_spy,
+                            "record",
+                            "--pid",
+                            str(self.pid),
+                            "--rate",
+                            str(PROFILE_RATE_HZ),
+                            "--nonblocking",
+                            "--format",
+                            "raw",
+                            "--output",
+                            str(self.profile_path),
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        stdout=spy_log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -173,13 +217,19 @@ class ServerProcess:
         traceback: TracebackType | None,
     ) -> None:
         try:
-            if self.process is not None:
-                stop_process(self.process)
+            if self.profiler is not None:
+                # py-spy writes its output when interrupted, before the server goes away.
+                stop_process(self.profiler, signal_number=signal.SIGINT)
         finally:
-            self.process = None
-            if self._workdir is not None:
-                shutil.rmtree(self._workdir, ignore_errors=True)
-                self._workdir = None
+            self.profiler = None
+            try:
+                if self.process is not None:
+                    stop_process(self.process)
+            finally:
+                self.process = None
+                if self._workdir is not None:
+                    shutil.rmtree(self._workdir, ignore_errors=True)
+                    self._workdir = None
 
 
 def _healthy(url: str) -> bool:

@@ -6,7 +6,7 @@ import os
 import resource
 from typing import Final
 
-__all__ = ["cpu_seconds", "memory_kib", "self_cpu_seconds"]
+__all__ = ["cpu_seconds", "cpu_times", "memory_kib", "self_cpu_seconds"]
 
 _CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 
@@ -14,14 +14,14 @@ _UTIME_FIELD: Final = 11
 """Index of ``utime`` among the ``/proc/<pid>/stat`` fields that follow ``(comm)``."""
 
 
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` so far.
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU time of process ``pid`` (all its threads) so far.
 
     Args:
         pid: A live process id.
 
     Returns:
-        Seconds, with the kernel's clock-tick resolution (usually 10 ms).
+        ``(user, system)`` seconds, with the kernel's clock-tick resolution (usually 10 ms).
 
     Raises:
         OSError: When the process does not exist (``FileNotFoundError``) or ``/proc`` is
@@ -32,7 +32,12 @@ def cpu_seconds(pid: int) -> float:
     # The command name may hold spaces and parentheses: split after its last ')'.
     fields = text[text.rindex(")") + 2 :].split()
     utime, stime = int(fields[_UTIME_FIELD]), int(fields[_UTIME_FIELD + 1])
-    return (utime + stime) / _CLOCK_TICKS
+    return utime / _CLOCK_TICKS, stime / _CLOCK_TICKS
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far, in seconds (see :func:`cpu_times`)."""
+    return sum(cpu_times(pid))
 
 
 def memory_kib(pid: int) -> tuple[int, int]:

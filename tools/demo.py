@@ -57,6 +57,16 @@ def _script(name: str) -> list[str]:
     return [sys.executable, "-m", modules[name]]
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Ask Linux to SIGTERM this child when the demo process dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+
+
 class ManagedProcess:
     """A server subprocess that reports its bound port through a port file."""
 
@@ -66,9 +76,15 @@ class ManagedProcess:
         self.name = name
         self.port_file = port_file
         self.log_path = port_file.with_suffix(".log")
+        self._terminated = False
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            list(command), stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+            list(command),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - the demo starts no threads
         )
 
     def wait_for_port(self, timeout_sec: float = START_TIMEOUT_SEC) -> int:
@@ -85,6 +101,16 @@ class ManagedProcess:
             time.sleep(0.05)
         raise DemoError(f"{self.name} did not listen within {timeout_sec:g} s:\n{self.log_tail()}")
 
+    def terminate(self) -> None:
+        """Send SIGTERM to the process (by its PID) once, unless it has exited.
+
+        Only once: a second SIGTERM would cut the server's shutdown short (or, after it
+        restored the default handler, kill it).
+        """
+        if not self._terminated and self.process.poll() is None:
+            self._terminated = True
+            self.process.send_signal(signal.SIGTERM)
+
     def stop(self, timeout_sec: float = STOP_TIMEOUT_SEC) -> int:
         """SIGTERM the process by its PID and wait (bounded); kill it if it hangs.
 
@@ -95,8 +121,7 @@ class ManagedProcess:
             DemoError: If it had to be killed.
         """
         try:
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 return self.process.wait(timeout=timeout_sec)
             except subprocess.TimeoutExpired:
@@ -111,7 +136,8 @@ class ManagedProcess:
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of the process's output."""
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         try:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
         except OSError:
@@ -200,6 +226,8 @@ def demo_servers(
     finally:
         problems: list[str] = []
         for process in reversed(processes):
+            process.terminate()  # all at once first, so an interrupted wait leaves none behind
+        for process in reversed(processes):
             try:
                 status = process.stop()
             except DemoError as exc:
@@ -240,10 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"received signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; return rollout-eval's exit status (1 if a server misbehaved)."""
     args = build_parser().parse_args(argv)
     started = time.monotonic()
+    # SIGTERM (from nox, CI or a timeout) unwinds like Ctrl-C, so the servers are stopped.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     args.output.mkdir(parents=True, exist_ok=True)
     trajectories = args.output / "demo-trajectories"
     shutil.rmtree(trajectories, ignore_errors=True)
@@ -284,6 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except DemoError as exc:
             print(f"demo: error: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            print("demo: interrupted; both servers were stopped", file=sys.stderr)
+            return 130
     print("demo: both servers stopped with SIGTERM and exited with status 0")
     print(f"demo: trajectories written by the server: {trajectories}")
     print(f"demo: finished in {time.monotonic() - started:.1f} s")

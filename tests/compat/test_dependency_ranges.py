@@ -110,7 +110,10 @@ class TestTypesRange:
             f"rollout-types=={versions[where]}",
         )
         assert result.returncode != 0, result.stdout
-        assert "ResolutionImpossible" in result.stderr or "conflict" in result.stderr, result.stderr
+        assert "ResolutionImpossible" in result.stderr, result.stderr
+        lower, upper = types_bounds()
+        declared = f"{package} {version_of(package)} depends on rollout-types<{upper} and >={lower}"
+        assert declared in result.stdout + result.stderr, result.stdout
         assert f"rollout-types=={versions[where]}" in result.stderr, result.stderr
         assert "Would install" not in result.stdout
 

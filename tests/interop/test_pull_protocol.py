@@ -17,6 +17,7 @@ client reports it: status, reward, err_category, error class, status code and me
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -208,13 +209,20 @@ class TestHealth:
     async def test_health_reports_identity_and_lifecycle(
         self, pair: Pair, server: ServerProcess, open_client: Any
     ) -> None:
-        """health() returns the process id, instance id and an idle lifecycle."""
+        """health() returns identity, an idle lifecycle and (ours only) the protocol version."""
         client = await open_client(pair, server.url)
         health = await client.call("health")
         assert isinstance(health["process_id"], str)
         assert str(uuid.UUID(health["process_id"])) == health["process_id"]
         assert health["instance_id"] == health["process_id"]
         assert health["lifecycle"] == {"accepting_rollouts": True, "active_rollouts": 0}
+        advertised = {e.get("protocol") for e in client.events if e.get("kind") == "response"}
+        if pair.server == OURS_SERVER:
+            assert re.fullmatch(r"\d+\.\d+", health["protocol_version"])
+            assert advertised == {health["protocol_version"]}
+        else:
+            assert "protocol_version" not in health
+            assert advertised == {None}
 
     async def test_wait_idle_pinned_to_process_id(
         self, pair: Pair, server: ServerProcess, standin: ChatStandIn, open_client: Any
@@ -273,7 +281,7 @@ class TestLeaseAndBackpressure:
         open_client: Any,
     ) -> None:
         """A rollout nobody polls fails as lease_expired and its work is cancelled."""
-        process = pair.make_server(lease_sec=2.0).start()
+        process = pair.make_server(lease_sec=3.0).start()
         own_server.append(process)
         client = await open_client(pair, process.url)
         rid = new_id()

@@ -152,6 +152,47 @@ class TestTransportRetries:
             await client.run_rollout(MESSAGES, "u", "r1")
         assert fake_time.sleeps == [0.1, 0.5]
 
+    async def test_connect_timeout_fatal(self, serve, make_client, fake_time, monkeypatch):
+        """A connect (or pool) timeout on a poll propagates at once, unretried."""
+        server = await polled(serve, ok())
+        client = make_client(server.url)
+        real_send = client._transport.send
+        attempts = 0
+
+        async def send(method: str, url: Any, **kwargs: Any) -> Any:
+            nonlocal attempts
+            if method == "GET":
+                attempts += 1
+                raise aiohttp.ConnectionTimeoutError("Connection timeout to host")
+            return await real_send(method, url, **kwargs)
+
+        monkeypatch.setattr(client._transport, "send", send)
+        with pytest.raises(aiohttp.ConnectionTimeoutError):
+            await client.run_rollout(MESSAGES, "u", "r1")
+        assert attempts == 1
+        assert fake_time.sleeps == []
+
+    async def test_poll_timeouts(self, serve, make_client, monkeypatch):
+        """Each poll reads for wait + 10 s and waits for a connection at most the lease left."""
+        server = await polled(serve, ok(), wait=2.5, lease=100.0)
+        client = make_client(server.url)
+        real_send = client._transport.send
+        timeouts: list[aiohttp.ClientTimeout] = []
+
+        async def send(method: str, url: Any, *, timeout: Any, **kwargs: Any) -> Any:
+            if method == "GET":
+                timeouts.append(timeout)
+            return await real_send(method, url, timeout=timeout, **kwargs)
+
+        monkeypatch.setattr(client._transport, "send", send)
+        await client.run_rollout(MESSAGES, "u", "r1")
+        (timeout,) = timeouts
+        assert timeout.total is None
+        assert timeout.sock_read == 12.5
+        assert timeout.sock_connect == 10.0
+        assert timeout.connect is not None
+        assert 10.0 < timeout.connect <= 100.0
+
     async def test_retry_logged(self, serve, make_client, caplog):
         """Each retry logs a WARNING naming the rollout, the cause and the delay."""
         server = await polled(serve, http(502), ok())

@@ -99,10 +99,17 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
-    """Run every async test on the default loop and on uvloop."""
+    """Run every async test on the default loop and on uvloop.
+
+    A test module that sets ``COMMAND_LOOP_ONLY = True`` (the command's tests, whose
+    servers run in subprocesses) runs once, on the loop the command uses: uvloop.
+    """
     factories: dict[str, Any] = {"asyncio": asyncio.new_event_loop}
     if uvloop is not None:
         factories["uvloop"] = uvloop.new_event_loop
+        module = getattr(item, "module", None)
+        if getattr(module, "COMMAND_LOOP_ONLY", False):
+            del factories["asyncio"]
     return factories
 
 

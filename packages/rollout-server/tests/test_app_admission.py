@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rollout_server import ServerConfigError, ShutdownTimeouts, create_rollout_server
-from rollout_types import PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER, RolloutStatus
+from rollout_types import PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER
 
 ROLLOUT_ID_MSG = (
     "Value error, rollout_id must be a single path segment "
@@ -365,4 +365,3 @@ class TestConstruction:
         assert server.shutdown_timeouts == ShutdownTimeouts(
             drain_sec=10.0, cleanup_sec=120.0, force_sec=10.0, backend_sec=30.0, collect_sec=5.0
         )
-        assert RolloutStatus.QUEUED == "queued"

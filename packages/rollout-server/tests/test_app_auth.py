@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from rollout_types import LEASE_HEADER, PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER
 
 KEY = "s3cret-key"

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 import pytest
+
 from rollout_server import ExecutionOutcome, ExecutionResult
 from rollout_types import CancelRolloutsRequest, RolloutInitRequest, RolloutStatus, structure_wire
 

@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import pytest
+
 from rollout_server import ROLLOUT_SERVER_KEY, create_rollout_server
 from rollout_types import PROTOCOL_VERSION
 

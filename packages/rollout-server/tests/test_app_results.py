@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -119,7 +120,7 @@ class TestLongPoll:
         token = await harness.admit("r1")
         run = await harness.backend.started("r1")
         async with asyncio.timeout(EVENT_SEC):
-            steps = [
+            steps: list[tuple[Callable[[], None], str]] = [
                 (lambda: run.status(RolloutStatus.RUNNING), "running"),
                 (lambda: run.status(RolloutStatus.GRADING), "grading"),
                 (lambda: run.succeed(0.5), "success"),
@@ -276,7 +277,7 @@ class TestWireResult:
         sample = Sample(
             messages=[],
             reward=0.5,
-            metrics={"bad": math.nan, "obj": object(), "ok": 1.5, 3: "three"},
+            metrics={"bad": math.nan, "obj": object(), "ok": 1.5, 3: "three"},  # type: ignore[dict-item]
             extra_fields={"t": (1, 2), "inf": math.inf},
         )
         outcome = ExecutionOutcome(

@@ -126,7 +126,7 @@ class TestStagedShutdown:
         original = harness.backend.cancel_rollouts
 
         async def cancel_and_finish(**kwargs: Any) -> dict[str, str]:
-            answers = await original(**kwargs)
+            answers: dict[str, str] = await original(**kwargs)
             run.finish(ExecutionOutcome(workflow=ExecutionResult(status=RolloutStatus.CANCELLED)))
             return answers
 

@@ -17,9 +17,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+
 from rollout_server import ROLLOUT_SERVER_KEY, ServerConfigError, ServeTargetError
 from rollout_server.cli import build_app, build_parser, load_target, serve
 from rollout_types import LEASE_HEADER
+
+COMMAND_LOOP_ONLY = True
+"""Run these tests once, on uvloop (see conftest): the servers under test have their own loop."""
 
 EVENT_SEC = 10.0
 START_SEC = 60.0
@@ -73,10 +77,12 @@ def parse(*argv: str) -> Any:
 
 
 class TestOptions:
-    def test_help_documents_every_option(self) -> None:
+    def test_help_documents_every_option(self, capsys: pytest.CaptureFixture[str]) -> None:
         """``serve --help`` names every option of the command."""
-        serve_parser = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
-        text = serve_parser.format_help()
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args(["serve", "--help"])
+        assert info.value.code == 0
+        text = capsys.readouterr().out
         for flag in (
             "--host",
             "--port",
@@ -178,7 +184,9 @@ class TestTargets:
 
 
 class TestServe:
-    async def test_port_zero_port_file_and_stop(self, app_dir: Path, tmp_path: Path) -> None:
+    async def test_port_zero_port_file_and_stop(
+        self, app_dir: Path, tmp_path: Path, session: aiohttp.ClientSession
+    ) -> None:
         """With port 0 the bound port is written to --port-file; setting stop drains the
         server, stops it and removes the file."""
         target = load_target("cli_targets:factory", app_dir=str(app_dir))
@@ -192,9 +200,8 @@ class TestServe:
             while not port_file.exists():  # noqa: ASYNC110 - a file has no event to await
                 await asyncio.sleep(0.01)
         port = int(port_file.read_text())
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{port}/health") as response:
-                assert response.status == 200
+        async with session.get(f"http://127.0.0.1:{port}/health") as response:
+            assert response.status == 200
         stop.set()
         async with asyncio.timeout(EVENT_SEC):
             await task
@@ -265,14 +272,24 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 class TestSubprocess:
-    async def test_sigterm_mid_rollout_drains_and_exits_0(
-        self, app_dir: Path, session: aiohttp.ClientSession
+    @pytest.mark.parametrize(
+        ("signum", "server_loop"), [(signal.SIGTERM, "auto"), (signal.SIGINT, "asyncio")]
+    )
+    async def test_signal_mid_rollout_drains_and_exits_0(
+        self,
+        app_dir: Path,
+        session: aiohttp.ClientSession,
+        signum: signal.Signals,
+        server_loop: str,
     ) -> None:
-        """SIGTERM closes admissions (503) while the running rollout's result, published by
-        the drain, is still collected over HTTP; then the process exits 0."""
+        """SIGTERM (on uvloop) or SIGINT (on asyncio) closes admissions (503) while the running
+        rollout's result, published by the drain, is still collected over HTTP; then the
+        process exits 0."""
         with server_process(
             app_dir,
             "cli_targets:backend",
+            "--loop",
+            server_loop,
             "--port",
             "0",
             "--api-key-env",
@@ -297,15 +314,16 @@ class TestSubprocess:
             async with session.get(f"{base}/rollout/r1/result", headers=poll_headers) as response:
                 assert (await response.json())["status"] == "running"
 
-            process.send_signal(signal.SIGTERM)
+            process.send_signal(signum)
             async with asyncio.timeout(EVENT_SEC):
                 while True:
-                    async with session.post(
-                        f"{base}/rollout", json={**body, "rollout_id": "r2"}, headers=auth
-                    ) as response:
-                        if response.status == 503:
+                    async with session.get(f"{base}/health", headers=auth) as response:
+                        if not (await response.json())["lifecycle"]["accepting_rollouts"]:
                             break
-                        assert response.status == 202
+                async with session.post(
+                    f"{base}/rollout", json={**body, "rollout_id": "r2"}, headers=auth
+                ) as response:
+                    assert response.status == 503
                 while True:
                     async with session.get(
                         f"{base}/rollout/r1/result", headers=poll_headers
@@ -317,11 +335,19 @@ class TestSubprocess:
             assert (result["status"], result["err_message"]) == ("cancelled", "cancelled")
 
             loop = asyncio.get_running_loop()
-            async with asyncio.timeout(EVENT_SEC):
-                code = await loop.run_in_executor(None, process.wait)
+            try:
+                async with asyncio.timeout(EVENT_SEC):
+                    code = await loop.run_in_executor(None, process.wait)
+            except TimeoutError:
+                process.kill()
+                pytest.fail(f"no exit after the drain:\n{(await output.rest()).decode()}")
             text = (await output.rest()).decode()
             assert code == 0, text
-            assert "Received SIGTERM" in text
+            assert f"Received {signum.name}" in text
+            listening = next(line for line in output.lines if LISTENING.search(line))
+            assert listening.rstrip().endswith(
+                b"(uvloop)" if server_loop == "auto" else b"(asyncio)"
+            )
             assert "Rollout server shutdown complete" in text
 
     async def test_bad_target_exits_2_with_a_message(self, app_dir: Path) -> None:

@@ -38,19 +38,21 @@ class Pair:
         """``CLIENT_to_SERVER``, the pytest id."""
         return f"{self.client}_to_{self.server}"
 
-    def make_server(self, **options: Any) -> ServerProcess:
-        """The server side's server (not started), with scenario ``options``."""
+    def make_server(self, *, env: dict[str, str] | None = None, **options: Any) -> ServerProcess:
+        """The server side's server (not started), with scenario ``options`` and ``env``."""
         python = self.server_python or python_of(self.server)
         if self.server == OURS_SERVER:
-            return our_server(python, **options)
+            return our_server(python, env=env, **options)
         if self.server == OSMOSIS_032:
             options.update(wait_sec=None, lease_sec=None)
-        return osmosis_server(python, **options)
+        return osmosis_server(python, env=env, **options)
 
-    async def open_client(self, url: str, **options: Any) -> DriverProcess:
-        """Start the client side's driver and open its default client on ``url``."""
+    async def open_client(
+        self, url: str, *, env: dict[str, str] | None = None, **options: Any
+    ) -> DriverProcess:
+        """Start the client side's driver (with extra ``env``) and open a client on ``url``."""
         driver = await DriverProcess(
-            self.client_python or python_of(self.client), DRIVERS[self.client]
+            self.client_python or python_of(self.client), DRIVERS[self.client], env=env
         ).start()
         try:
             await driver.call("open", url=url, **options)

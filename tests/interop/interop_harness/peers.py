@@ -43,6 +43,12 @@ ENV_BY_PEER: Final = {
     OSMOSIS_032: "ROLLOUT_INTEROP_OSMOSIS032_PYTHON",
 }
 _LOCAL_MODULE: Final = {OURS_CLIENT: "rollout_client", OURS_SERVER: "rollout_server"}
+_CONTENTS: Final = {
+    OURS_CLIENT: "rollout-client",
+    OURS_SERVER: "rollout-server",
+    OSMOSIS: "osmosis-ai[server]==0.3.8 and uvicorn",
+    OSMOSIS_032: "osmosis-ai[server]==0.3.2 and uvicorn",
+}
 
 
 def required() -> bool:
@@ -69,6 +75,6 @@ def python_of(peer: str) -> str:
     if module is not None and importlib.util.find_spec(module) is not None:
         return sys.executable
     unavailable(
-        f"{variable} is not set: point it at the python of a venv with {peer} "
+        f"{variable} is not set: point it at the python of a venv with {_CONTENTS[peer]} "
         "(the interop and compat nox sessions do)"
     )

@@ -163,11 +163,13 @@ class DriverProcess:
     Args:
         python: The interpreter of the client side's venv.
         script: ``driver_ours.py``, ``driver_osmosis.py`` or ``driver_osmosis032.py``.
+        env: Extra environment variables of the driver process.
     """
 
-    def __init__(self, python: str, script: str) -> None:
+    def __init__(self, python: str, script: str, *, env: dict[str, str] | None = None) -> None:
         self.python = python
         self.script = script
+        self._env = peer_env(env)
         self.events: list[dict[str, Any]] = []
         self.stderr: list[str] = []
         self._proc: asyncio.subprocess.Process | None = None
@@ -185,7 +187,7 @@ class DriverProcess:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=peer_env(),
+            env=self._env,
             cwd=REMOTE_DIR,
             limit=1 << 24,
         )

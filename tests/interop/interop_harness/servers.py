@@ -23,6 +23,7 @@ def our_server(
     wait_sec: float = 0.5,
     lease_sec: float | None = None,
     label: str = "rollout-server",
+    env: dict[str, str] | None = None,
 ) -> ServerProcess:
     """``rollout-server serve`` of ``remote/ours_app.py`` (not started yet).
 
@@ -32,6 +33,8 @@ def our_server(
         api_key: Require ``Bearer`` :data:`API_KEY`.
         wait_sec: ``--result-wait-timeout-sec``; short, so status changes show quickly.
         lease_sec: ``--polling-lease-timeout-sec``; default the server's (120 s).
+        label: Name used in error messages.
+        env: Extra environment variables of the server process.
     """
 
     def argv(port: int) -> list[str]:
@@ -47,7 +50,7 @@ def our_server(
             command += ["--api-key-env", API_KEY_ENV]
         return command
 
-    return ServerProcess(argv, env={API_KEY_ENV: API_KEY}, label=label)
+    return ServerProcess(argv, env={API_KEY_ENV: API_KEY, **(env or {})}, label=label)
 
 
 def osmosis_server(
@@ -58,6 +61,7 @@ def osmosis_server(
     wait_sec: float | None = 0.5,
     lease_sec: float | None = None,
     label: str = "osmosis-ai server",
+    env: dict[str, str] | None = None,
 ) -> ServerProcess:
     """``remote/osmosis_app.py`` under uvicorn, in an osmosis-ai venv (not started yet).
 
@@ -76,4 +80,4 @@ def osmosis_server(
             command.append("--backpressure")
         return command
 
-    return ServerProcess(argv, env={API_KEY_ENV: API_KEY}, label=label)
+    return ServerProcess(argv, env={API_KEY_ENV: API_KEY, **(env or {})}, label=label)

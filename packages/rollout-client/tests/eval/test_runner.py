@@ -386,6 +386,38 @@ class TestStop:
         assert records[0].err_category == "deadline_exceeded"
         assert len(server.cancel_requests) == 1
 
+    async def test_unwritable_journal_stops_the_run_and_raises(
+        self, fakes: Any, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """When a journal write fails the other rollouts are cancelled and the error raised."""
+        from rollout_client.eval import Journal
+
+        def full_disk(_self: Journal, _record: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(Journal, "append", full_disk)
+
+        async def behave(
+            request: dict[str, Any], cancelled: asyncio.Event
+        ) -> RolloutResultResponse:
+            if request["label"] == "0":
+                return RolloutResultResponse(
+                    rollout_id=request["rollout_id"],
+                    status="success",
+                    sample=RolloutSample(reward=1),
+                )
+            return await fakes.until_cancelled(request, cancelled)
+
+        server = fakes.FakeServer(behave)
+        with pytest.raises(OSError, match="No space left"):
+            async with asyncio.timeout(10):
+                await run_eval(
+                    options(dataset, tmp_path, concurrency=3),
+                    stream=io.StringIO(),
+                    client_factory=server.factory,
+                )
+        assert len(server.cancel_requests) == 2
+
 
 class TestServerChecks:
     async def test_unreachable_server_is_a_clear_error(self, dataset: Path, tmp_path: Path) -> None:

@@ -274,7 +274,7 @@ class RolloutServer:
     def _flush_expired(self) -> None:
         records, self._expired = self._expired, []
         if records:
-            self.spawn(self._request_cancellation(records))
+            _ = self.spawn(self._request_cancellation(records))
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` as a side task that :meth:`close` waits for (briefly) or cancels."""

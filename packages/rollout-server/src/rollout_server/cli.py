@@ -11,7 +11,7 @@ serves it:
   called, and its result must be one of the above.
 
 The command runs on uvloop when it is installed, logs ``rollout-server listening on
-http://HOST:PORT`` once it is bound (the real port when ``--port 0``), optionally writes
+http://HOST:PORT (LOOP)`` once it is bound (the real port when ``--port 0``), optionally writes
 the bound port to ``--port-file``, and on SIGTERM or SIGINT runs the staged shutdown
 (admissions close, results stay collectable) before it stops listening and exits 0. A
 second signal cuts the remaining waits short. The API key is read from the environment
@@ -56,6 +56,9 @@ PORT_ENV: Final = "_OSMOSIS_ROLLOUT_PORT"
 """Default of ``--port`` when set (the variable osmosis-ai entrypoints read); else 8000."""
 
 LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+LISTEN_BACKLOG: Final = 4096
+"""Accept-queue length of the listening socket (``listen()`` backlog)."""
 
 _SERVER_OPTIONS: Final = (
     "api_key_env",
@@ -352,7 +355,10 @@ async def serve(
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        # A deep accept queue: thousands of callers opening long-poll connections at once
+        # must not see SYNs dropped (aiohttp's default backlog is 128); the kernel caps it
+        # at net.core.somaxconn.
+        site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
         await site.start()
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -361,7 +367,11 @@ async def serve(
         bound_host, bound_port = runner.addresses[0][:2]
         if port_file is not None:
             write_port_file(port_file, bound_port)
-        logger.info("rollout-server listening on %s", _url(str(bound_host), int(bound_port)))
+        logger.info(
+            "rollout-server listening on %s (%s)",
+            _url(str(bound_host), int(bound_port)),
+            type(loop).__module__.partition(".")[0],
+        )
         await stop.wait()
         await server.drain()
     finally:

@@ -84,8 +84,8 @@ async def _answer(ops: dict[str, Op], request: dict[str, Any]) -> None:
         emit({"id": request_id, "ok": True, "value": value})
 
 
-async def serve(ops: dict[str, Op]) -> None:
-    """Answer requests from stdin until EOF; then cancel what still runs."""
+async def serve(ops: dict[str, Op], on_exit: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Answer requests from stdin until EOF; then cancel what still runs and run ``on_exit``."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 24)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -100,3 +100,5 @@ async def serve(ops: dict[str, Op]) -> None:
     for task in list(tasks):
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    if on_exit is not None:
+        await on_exit()

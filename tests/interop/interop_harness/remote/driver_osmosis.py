@@ -38,6 +38,7 @@ async def _on_response(response: httpx.Response) -> None:
         path=request.url.path,
         status=response.status_code,
         retry_after=response.headers.get("Retry-After"),
+        protocol=response.headers.get("X-Rollout-Protocol-Version"),
     )
     admitted = response.status_code == 202 and request.method == "POST"
     if admitted and request.url.path.endswith("/rollout"):
@@ -130,7 +131,15 @@ async def op_peek(rollout_id: str, client: str = "default") -> dict[str, Any]:
     return {"http_status": response.status_code, "body": response.json()}
 
 
+async def close_all() -> None:
+    """Stop polling and close every client (at EOF)."""
+    for handle in handles.values():
+        handle.cancel()
+    for name in list(clients):
+        await op_close(name)
+
+
 OPS = {name[3:]: value for name, value in dict(globals()).items() if name.startswith("op_")}
 
 if __name__ == "__main__":
-    asyncio.run(driver_common.serve(OPS))
+    asyncio.run(driver_common.serve(OPS, on_exit=close_all))

@@ -84,7 +84,13 @@ async def op_run_rollout(
     return {"status": outcome.status.value, "error": outcome.error}
 
 
+async def close_all() -> None:
+    """Close every caller (at EOF)."""
+    for driver in drivers.values():
+        await driver.aclose()
+
+
 OPS = {name[3:]: value for name, value in dict(globals()).items() if name.startswith("op_")}
 
 if __name__ == "__main__":
-    asyncio.run(driver_common.serve(OPS))
+    asyncio.run(driver_common.serve(OPS, on_exit=close_all))

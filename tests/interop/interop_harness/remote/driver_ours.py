@@ -34,6 +34,7 @@ async def _on_request_end(
         path=params.url.path,
         status=params.response.status,
         retry_after=params.response.headers.get("Retry-After"),
+        protocol=params.response.headers.get("X-Rollout-Protocol-Version"),
     )
 
 
@@ -130,7 +131,15 @@ async def op_wait_idle(client: str = "default", **kwargs: Any) -> Any:
     return await clients[client][0].wait_idle(**kwargs)
 
 
+async def close_all() -> None:
+    """Stop polling and close every client (at EOF)."""
+    for handle in handles.values():
+        handle.cancel()
+    for name in list(clients):
+        await op_close(name)
+
+
 OPS = {name[3:]: value for name, value in dict(globals()).items() if name.startswith("op_")}
 
 if __name__ == "__main__":
-    asyncio.run(driver_common.serve(OPS))
+    asyncio.run(driver_common.serve(OPS, on_exit=close_all))

@@ -233,7 +233,7 @@ async def _run_command(options: EvalOptions, err: TextIO, out: TextIO) -> int:
                 "the server (they stay pending); press Ctrl-C again to exit at once\n"
             )
             err.flush()
-            control.request_stop("interrupted", interrupted=True)
+            control.request_stop(f"interrupted by {signal.Signals(signum).name}", interrupted=True)
         elif main_task is not None:
             main_task.cancel()
 

@@ -705,7 +705,12 @@ class _Run:
                     pending | {stop_waiter}, return_when=asyncio.FIRST_COMPLETED
                 )
                 pending.discard(stop_waiter)
-                if stop_waiter in done:
+                failed = [t for t in done if t is not stop_waiter and t.exception() is not None]
+                if failed:
+                    # A bug or an unwritable journal: stop the others cleanly, then raise.
+                    exc = failed[0].exception()
+                    self.control.request_stop(f"stopping after an error: {exc!r}")
+                if stop_waiter in done or failed:
                     break
             if self.control.stop.is_set():
                 if self.control.reason:

@@ -1,0 +1,176 @@
+"""The example rollout project (calculator agent, grader) and the chat stand-in, through a
+real rollout server and client."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import uuid
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from rollout_client import RolloutClient
+from rollout_server import AgentWorkflowConfig, GraderContext, LocalBackend, Sample
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "examples") not in sys.path:
+    sys.path.insert(0, str(ROOT / "examples"))
+
+from calculator_agent import AnswerGrader, CalculatorAgent  # noqa: E402
+from calculator_agent.calculator import CalculatorError, calculate  # noqa: E402
+
+
+def load_standin() -> ModuleType:
+    """Import examples/chat_standin/server.py as a module."""
+    path = ROOT / "examples" / "chat_standin" / "server.py"
+    spec = importlib.util.spec_from_file_location("chat_standin_server", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["chat_standin_server"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def backend(tmp_path: Path, **extra: Any) -> LocalBackend:
+    return LocalBackend(
+        workflow=CalculatorAgent,
+        workflow_config=AgentWorkflowConfig(name="calc", extra=extra),
+        grader=AnswerGrader,
+        artifact_root=tmp_path / "artifacts",
+    )
+
+
+async def run_one(server_url: str, chat_url: str, question: str, label: str) -> Any:
+    async with RolloutClient(url=server_url, admission_timeout_sec=30) as client:
+        return await client.run_rollout(
+            initial_messages=[{"role": "user", "content": question}],
+            chat_completions_url=chat_url,
+            rollout_id=uuid.uuid4().hex,
+            label=label,
+            agent_timeout_sec=30,
+            grader_timeout_sec=10,
+        )
+
+
+class TestCalculator:
+    def test_exact_arithmetic(self) -> None:
+        """Expressions evaluate exactly, with integer powers and floor division."""
+        assert calculate("(17 + 4) * 3") == 63
+        assert str(calculate("1 / 3 + 1 / 6")) == "1/2"
+        assert calculate("2 ** 10 // 3 % 7") == 341 % 7
+
+    @pytest.mark.parametrize(
+        ("expression", "message"),
+        [
+            ("__import__('os')", "only numbers"),
+            ("x + 1", "only numbers"),
+            ("1 / 0", "division by zero"),
+            ("2 ** 1000", "exponents must be integers within"),
+            ("1 +", "not an arithmetic expression"),
+            ("1" * 600, "longer than"),
+        ],
+    )
+    def test_refuses_anything_else(self, expression: str, message: str) -> None:
+        """Names, calls, huge powers, bad syntax and division by zero are refused clearly."""
+        with pytest.raises(CalculatorError, match=message):
+            calculate(expression)
+
+
+class TestAnswerGrader:
+    @pytest.mark.parametrize(
+        ("answer", "label", "reward"),
+        [
+            ("The answer is 1,530.", "1530", 1.0),
+            ("It is 2.50", "2.5", 1.0),
+            ("The answer is 12.", "13", 0.0),
+            ("I cannot answer.", "13", 0.0),
+            ("Paris.", "paris", 1.0),
+        ],
+    )
+    async def test_compares_the_final_answer_with_the_label(
+        self, answer: str, label: str, reward: float
+    ) -> None:
+        """The last number of the final assistant message is compared with the label."""
+        sample = Sample(
+            messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}]
+        )
+        await AnswerGrader().grade(GraderContext(rollout_id="r", label=label, sample=sample))
+        assert sample.reward == reward
+
+    async def test_needs_a_label(self) -> None:
+        """Grading without a label is a clear ValueError."""
+        with pytest.raises(ValueError, match="needs a label"):
+            await AnswerGrader().grade(GraderContext(rollout_id="r", label=None, sample=Sample()))
+
+
+def misbehaving_chat(kind: str) -> web.Application:
+    """A chat endpoint that always calls a tool (``loop``) or always fails (``error``)."""
+
+    async def completions(_request: web.Request) -> web.Response:
+        if kind == "error":
+            return web.json_response({"error": {"message": "model crashed"}}, status=500)
+        call = {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "calculator", "arguments": json.dumps({"expression": "1+1"})},
+        }
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        return web.json_response(
+            {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+        )
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    app.router.add_get("/v1/models", models)
+    return app
+
+
+class TestCalculatorAgent:
+    @pytest.mark.parametrize("stream", [False, True])
+    async def test_solves_a_question_with_the_stand_in(
+        self, aiohttp_server: Any, serve_rollout: Any, tmp_path: Path, stream: bool
+    ) -> None:
+        """Tool call, tool result, final answer: graded 1.0, streamed or not."""
+        standin = load_standin()
+        chat = await aiohttp_server(standin.create_app(standin.StandinConfig()), host="127.0.0.1")
+        server = await serve_rollout(backend(tmp_path, stream=stream))
+        result = await run_one(
+            server.url, str(chat.make_url("/v1")), "What is the product of 24 and 82?", "1968"
+        )
+        assert result.status == "success", result.err_message
+        assert result.sample.reward == 1.0
+        roles = [m["role"] for m in result.sample.messages]
+        assert roles == ["user", "assistant", "tool", "assistant"]
+        assert json.loads(result.sample.messages[2]["content"])["result"] == "1968"
+        assert result.sample.metrics == {"turns": 2, "tool_calls": 1}
+
+    async def test_turn_limit_is_a_clear_agent_error(
+        self, aiohttp_server: Any, serve_rollout: Any, tmp_path: Path
+    ) -> None:
+        """A model that never stops calling tools fails the rollout after max_turns calls."""
+        chat = await aiohttp_server(misbehaving_chat("loop"), host="127.0.0.1")
+        server = await serve_rollout(backend(tmp_path, max_turns=2))
+        result = await run_one(server.url, str(chat.make_url("/v1")), "q", "2")
+        assert result.status == "failure"
+        assert result.err_category == "agent_error"
+        assert "no final answer after 2 model calls" in result.err_message
+
+    async def test_chat_errors_fail_the_rollout_with_the_status(
+        self, aiohttp_server: Any, serve_rollout: Any, tmp_path: Path
+    ) -> None:
+        """A chat endpoint that keeps answering 500 fails the rollout, naming status and detail."""
+        chat = await aiohttp_server(misbehaving_chat("error"), host="127.0.0.1")
+        server = await serve_rollout(backend(tmp_path, max_retries=0))
+        result = await run_one(server.url, str(chat.make_url("/v1")), "q", "2")
+        assert result.status == "failure"
+        assert result.err_category == "agent_error"
+        assert "returned 500: model crashed" in result.err_message
