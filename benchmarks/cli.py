@@ -19,6 +19,7 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +73,24 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _filesystem_of(path: Path) -> str:
+    """The type of the filesystem holding ``path`` (from ``/proc/mounts``), or "unknown"."""
+    target, best, kind = str(path.resolve()), "", "unknown"
+    try:
+        with open("/proc/mounts", encoding="utf-8") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1]
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
 def _raise_open_files_limit() -> None:
     # 10,000 long polls hold 10,000 sockets on each side; children inherit the limit.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -100,10 +119,12 @@ def _progress(spec: RunSpec, record: dict[str, Any], index: int, total: int) -> 
 
 def run_one(
     spec: RunSpec,
+    *,
     pythons: dict[str, str],
     loops: dict[str, str],
     log_dir: Path,
     py_spy: str | None = None,
+    scratch_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Run one spec: a fresh server, one load generator; return the run record.
 
@@ -121,6 +142,7 @@ def run_one(
         "count": spec.count,
         "concurrency": spec.concurrency,
         "sleep_sec": spec.sleep_sec,
+        "stagger_sec": spec.stagger_sec,
         "ok": False,
         "error": None,
     }
@@ -132,6 +154,7 @@ def run_one(
             log_path=log_path,
             py_spy=py_spy,
             profile_path=log_dir / f"{spec.label}.profile",
+            scratch_dir=scratch_dir,
         ) as server:
             figures = run_loadgen(
                 python=pythons[spec.client],
@@ -144,7 +167,7 @@ def run_one(
     except HarnessError as exc:
         record["error"] = str(exc)
     else:
-        for key in ("shape", "count", "concurrency", "sleep_sec"):
+        for key in ("shape", "count", "concurrency", "sleep_sec", "stagger_sec"):
             figures.pop(key, None)
         record.update(figures)
         record["failed"] = spec.count - int(record.get("succeeded", 0))
@@ -168,6 +191,7 @@ def run_suite(
     out_dir: Path,
     echo: TextIO,
     py_spy: str | None = None,
+    scratch_dir: Path | None = None,
 ) -> tuple[Path, Path, list[dict[str, Any]]]:
     """Run every planned run, then write ``bench-<stamp>.jsonl`` and ``bench-<stamp>.md``.
 
@@ -195,6 +219,8 @@ def run_suite(
         "load_average_start": list(os.getloadavg()),
         "versions": {stack: _stack_versions(pythons[stack]) for stack in stacks},
         "client_loops": {stack: loops[stack] for stack in stacks},
+        "scratch_dir": str(scratch_dir or tempfile.gettempdir()),
+        "scratch_fs": _filesystem_of(scratch_dir or Path(tempfile.gettempdir())),
     }
     specs = plan_runs(profile, workloads, stacks)
     records: list[dict[str, Any]] = [meta]
@@ -202,7 +228,14 @@ def run_suite(
     with open(jsonl_path, "w", encoding="utf-8") as jsonl:
         jsonl.write(json.dumps(meta) + "\n")
         for index, spec in enumerate(specs, start=1):
-            record = run_one(spec, pythons, loops, log_dir, py_spy)
+            record = run_one(
+                spec,
+                pythons=pythons,
+                loops=loops,
+                log_dir=log_dir,
+                py_spy=py_spy,
+                scratch_dir=scratch_dir,
+            )
             runs.append(record)
             records.append(record)
             jsonl.write(json.dumps(record) + "\n")
@@ -269,7 +302,11 @@ def _markdown(
             f"one httpx {theirs_pkgs.get('httpx', '?')} RolloutClient per 64 rollouts in flight, "
             "on the asyncio loop."
         )
-    lines.append("")
+    lines += [
+        f"- artifacts (both stacks create a directory and write trajectory.json per rollout) "
+        f"on {meta['scratch_fs']} at `{meta['scratch_dir']}`.",
+        "",
+    ]
     if rows:
         lines += [main_table(rows, summaries), ""]
     if "cross" in workloads or "throughput" in workloads:
@@ -333,6 +370,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     parser.add_argument(
+        "--scratch-dir",
+        type=Path,
+        help="where servers keep their artifacts (a directory and trajectory.json per "
+        "rollout, on both stacks); default the system temporary directory",
+    )
+    parser.add_argument(
         "--py-spy",
         metavar="PATH",
         help="sample every server with this py-spy executable (profiles go next to the "
@@ -390,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out_dir=args.out_dir,
         echo=sys.stderr,
         py_spy=args.py_spy,
+        scratch_dir=args.scratch_dir,
     )
     sys.stdout.write(md_path.read_text("utf-8"))
     sys.stdout.write(f"\nwrote {jsonl_path} and {md_path} in {time.monotonic() - began:.0f} s\n")

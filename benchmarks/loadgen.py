@@ -210,11 +210,18 @@ async def drive(
     concurrency: int,
     metadata: dict[str, Any] | None,
     tally: Tally,
+    *,
+    stagger_sec: float = 0.0,
 ) -> None:
-    """Run ``rollout_ids`` on ``concurrency`` workers, each starting its next when done."""
+    """Run ``rollout_ids`` on ``concurrency`` workers, each starting its next when done.
+
+    Worker ``i`` starts ``stagger_sec * i / concurrency`` seconds late.
+    """
     todo: Iterator[str] = iter(rollout_ids)
 
     async def worker(slot: int) -> None:
+        if stagger_sec > 0:
+            await asyncio.sleep(stagger_sec * slot / concurrency)
         for rollout_id in todo:
             started = time.perf_counter()
             try:
@@ -245,12 +252,26 @@ async def closed_loop(args: argparse.Namespace, adapter: Adapter) -> dict[str, A
     elapsed = server_cpu = server_sys = client_cpu = 0.0
     try:
         async with asyncio.timeout(args.deadline_sec):
-            await drive(adapter, new_ids("w", args.warmup), args.concurrency, metadata, warmup)
+            await drive(
+                adapter,
+                new_ids("w", args.warmup),
+                args.concurrency,
+                metadata,
+                warmup,
+                stagger_sec=args.stagger_sec,
+            )
             server_user0, server_sys0 = cpu_times(args.server_pid)
             client_cpu0 = self_cpu_seconds()
             started = time.perf_counter()
             try:
-                await drive(adapter, new_ids("m", args.count), args.concurrency, metadata, measured)
+                await drive(
+                    adapter,
+                    new_ids("m", args.count),
+                    args.concurrency,
+                    metadata,
+                    measured,
+                    stagger_sec=args.stagger_sec,
+                )
             finally:
                 elapsed = time.perf_counter() - started
                 server_user, server_sys = cpu_times(args.server_pid)
@@ -267,6 +288,7 @@ async def closed_loop(args: argparse.Namespace, adapter: Adapter) -> dict[str, A
         "concurrency": args.concurrency,
         "warmup": args.warmup,
         "sleep_sec": args.sleep_sec,
+        "stagger_sec": args.stagger_sec,
         "timed_out": timed_out,
         **measured.summary(),
         "warmup_errors": dict(warmup.errors),
@@ -411,6 +433,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=1, help="closed: workers")
     parser.add_argument("--warmup", type=int, default=0, help="closed: unmeasured rollouts")
     parser.add_argument("--sleep-sec", type=float, default=0.0, help="closed: workflow sleep")
+    parser.add_argument(
+        "--stagger-sec", type=float, default=0.0, help="closed: spread of worker starts"
+    )
     parser.add_argument("--hold-sec", type=float, default=20.0, help="inflight: hold target")
     parser.add_argument("--idle-min-sec", type=float, default=5.0, help="inflight: idle window")
     parser.add_argument("--settle-sec", type=float, default=1.0, help="inflight: before idle")

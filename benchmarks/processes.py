@@ -92,6 +92,9 @@ class ServerProcess:
         py_spy: A ``py-spy`` executable: when given, it samples the server while it runs
             and writes collapsed stacks to ``profile_path`` (``--format raw``).
         profile_path: Where the profile goes (required with ``py_spy``).
+        scratch_dir: Where the server's temporary directory (its artifact root: one
+            directory and ``trajectory.json`` per rollout) is made; default the system's
+            temporary directory.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class ServerProcess:
         log_path: Path,
         py_spy: str | None = None,
         profile_path: Path | None = None,
+        scratch_dir: Path | None = None,
     ) -> None:
         if py_spy is not None and profile_path is None:
             raise ValueError("profile_path is required with py_spy")
@@ -111,6 +115,7 @@ class ServerProcess:
         self.python = python
         self.log_path = log_path
         self.py_spy = py_spy
+        self.scratch_dir = scratch_dir
         self.profile_path = profile_path
         self.process: subprocess.Popen[bytes] | None = None
         self.profiler: subprocess.Popen[bytes] | None = None
@@ -144,7 +149,9 @@ class ServerProcess:
         return [self.python, "-m", "benchmarks.apps.osmosis_serve", "--port-file", str(port_file)]
 
     def __enter__(self) -> Self:
-        self._workdir = Path(tempfile.mkdtemp(prefix=f"rollout-bench-{self.stack}-"))
+        self._workdir = Path(
+            tempfile.mkdtemp(prefix=f"rollout-bench-{self.stack}-", dir=self.scratch_dir)
+        )
         artifacts = self._workdir / "artifacts"
         port_file = self._workdir / "port"
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}

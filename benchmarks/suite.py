@@ -168,6 +168,9 @@ class RunSpec:
         concurrency: Closed-loop workers (1 for in-flight runs).
         warmup: Unmeasured rollouts first (closed loop).
         sleep_sec: Workflow sleep (closed loop), seconds.
+        stagger_sec: Closed loop: worker ``i`` of ``C`` starts each phase
+            ``stagger_sec * i / C`` seconds late, so that equal-length rollouts do not
+            start and finish in lockstep; 0 starts every worker at once.
         hold_sec, idle_min_sec, settle_sec: In-flight timings, seconds.
         deadline_sec: Bound on the whole load-generator run, seconds.
     """
@@ -181,6 +184,7 @@ class RunSpec:
     concurrency: int = 1
     warmup: int = 0
     sleep_sec: float = 0.0
+    stagger_sec: float = 0.0
     hold_sec: float = 0.0
     idle_min_sec: float = 0.0
     settle_sec: float = 0.0
@@ -190,6 +194,8 @@ class RunSpec:
     def label(self) -> str:
         """A short name for logs: ``throughput-ours-ours-c64-r0``."""
         size = f"c{self.concurrency}" if self.shape == "closed" else f"n{self.count}"
+        if self.stagger_sec:
+            size += "-staggered"
         return f"{self.workloads[0]}-{self.client}-{self.server}-{size}-r{self.repetition}"
 
     def loadgen_args(self, *, url: str, server_pid: int, loop: str) -> list[str]:
@@ -212,7 +218,7 @@ class RunSpec:
         ]
         if self.shape == "closed":
             args += ["--concurrency", str(self.concurrency), "--warmup", str(self.warmup)]
-            args += ["--sleep-sec", repr(self.sleep_sec)]
+            args += ["--sleep-sec", repr(self.sleep_sec), "--stagger-sec", repr(self.stagger_sec)]
         else:
             args += ["--hold-sec", repr(self.hold_sec), "--idle-min-sec", repr(self.idle_min_sec)]
             args += ["--settle-sec", repr(self.settle_sec)]
@@ -295,23 +301,26 @@ def plan_runs(
                 )
         if "notify" in workloads:
             warmup = max(p.warmup_min, p.notify_concurrency)
-            for stack in _pairs(stacks, rep):
-                runs.append(
-                    RunSpec(
-                        workloads=("notify",),
-                        client=stack,
-                        server=stack,
-                        shape="closed",
-                        repetition=rep,
-                        count=p.notify_count,
-                        concurrency=p.notify_concurrency,
-                        warmup=warmup,
-                        sleep_sec=p.notify_sleep_sec,
-                        deadline_sec=_closed_deadline(
-                            p.notify_count, p.notify_concurrency, p.notify_sleep_sec, warmup
-                        ),
+            # Staggered starts measure delivery; lockstep also shows a burst of completions.
+            for stagger_sec in (p.notify_sleep_sec, 0.0):
+                for stack in _pairs(stacks, rep):
+                    runs.append(
+                        RunSpec(
+                            workloads=("notify",),
+                            client=stack,
+                            server=stack,
+                            shape="closed",
+                            repetition=rep,
+                            count=p.notify_count,
+                            concurrency=p.notify_concurrency,
+                            warmup=warmup,
+                            sleep_sec=p.notify_sleep_sec,
+                            stagger_sec=stagger_sec,
+                            deadline_sec=_closed_deadline(
+                                p.notify_count, p.notify_concurrency, p.notify_sleep_sec, warmup
+                            ),
+                        )
                     )
-                )
         if "inflight" in workloads:
             for stack in _pairs(stacks, rep):
                 for count in p.inflight_counts.get(stack, ()):
@@ -326,8 +335,8 @@ def plan_runs(
                             hold_sec=p.hold_sec,
                             idle_min_sec=p.idle_min_sec,
                             settle_sec=p.settle_sec,
-                            # Admission at >= 20/s, the hold, and a release at >= 20/s.
-                            deadline_sec=max(120.0, p.hold_sec + count / 10.0),
+                            # The hold, then admission and release at >= 50/s each.
+                            deadline_sec=max(180.0, p.hold_sec + count / 25.0),
                         )
                     )
         if "cross" in workloads and set(STACKS) <= set(stacks):

@@ -91,8 +91,14 @@ class TestPlanRuns:
 
     def test_stacks_alternate_between_repetitions(self) -> None:
         """Ours runs first in even repetitions and osmosis first in odd ones."""
-        runs = plan_runs(FULL, ("notify",), ("ours", "osmosis"))
-        assert [r.client for r in runs] == ["ours", "osmosis", "osmosis", "ours", "ours", "osmosis"]
+        runs = plan_runs(FULL, ("throughput",), ("ours", "osmosis"))
+        firsts = [r.client for r in runs if r.concurrency == 1]
+        assert firsts == ["ours", "osmosis", "osmosis", "ours", "ours", "osmosis"]
+
+    def test_notify_runs_staggered_and_lockstep(self) -> None:
+        """The notification workload runs each stack with staggered and lockstep starts."""
+        runs = plan_runs(FULL, ("notify",), ("ours",))
+        assert [r.stagger_sec for r in runs] == [FULL.notify_sleep_sec, 0.0] * 3
 
     def test_cpu_alone_gets_its_own_runs(self) -> None:
         """Without a throughput run at its concurrency, the CPU workload plans its own."""

@@ -182,6 +182,7 @@ class TestRollouts:
         result = await client.call("result", rollout_id=rid)
         assert result["status"] == "cancelled"
         assert result["err_category"] is None
+        assert result["err_message"] == "cancelled"
         assert result["sample"] is None
         again = await client.call("cancel_rollout", rollout_id=rid)
         assert again == {"dispositions": {rid: "not_found"}}

@@ -167,6 +167,20 @@ class TestRetention:
         harness.backend.ignore_cancel = False
         assert (await harness.post_rollout()).status == 202
 
+    async def test_zero_retention_frees_the_id_once_the_work_is_done(
+        self, make_harness: Any
+    ) -> None:
+        """With result_retention_sec=0 the record goes as soon as the execution has
+        finished: the id answers 404 and can be admitted again."""
+        harness = await make_harness(result_retention_sec=0.0)
+        token = await harness.admit("r1")
+        (await harness.backend.started("r1")).succeed()
+        async with asyncio.timeout(EVENT_SEC):
+            await harness.server.registry.wait_removed("r1")
+        assert (await harness.poll("r1", token)).status == 404
+        harness.backend.forget("r1")
+        assert (await harness.post_rollout()).status == 202
+
     async def test_retained_result_is_answered_during_retention(self, make_harness: Any) -> None:
         """During retention the final result can be polled again and again."""
         harness = await make_harness(result_retention_sec=60.0)

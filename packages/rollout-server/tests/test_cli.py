@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -361,3 +362,18 @@ class TestSubprocess:
         assert code == 2
         assert "is a int, not an aiohttp app" in text
         assert "Traceback" not in text
+
+    async def test_port_in_use_exits_1(self, app_dir: Path) -> None:
+        """A port that is already taken makes the command exit 1 with the address logged."""
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            with server_process(app_dir, "cli_targets:backend", "--port", str(port)) as process:
+                loop = asyncio.get_running_loop()
+                async with asyncio.timeout(START_SEC):
+                    code = await loop.run_in_executor(None, process.wait)
+                assert process.stdout is not None
+                text = process.stdout.read().decode()
+        assert code == 1, text
+        assert f"could not listen on http://127.0.0.1:{port}" in text

@@ -45,9 +45,7 @@ def _from_http_exception(exc: web.HTTPException) -> web.Response:
 
 def make_protocol_middleware(api_key: str | None) -> Middleware:
     """Build the middleware for a server with (or without) a bearer ``api_key``."""
-    expected = (
-        None if api_key is None else f"Bearer {api_key}".encode("utf-8", "surrogateescape")
-    )
+    expected = None if api_key is None else f"Bearer {api_key}".encode("utf-8", "surrogateescape")
 
     @web.middleware
     async def protocol_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
