@@ -70,6 +70,7 @@ nox.options.sessions = [
     "tests_client",
     "tests_server",
     "integration",
+    "interop",
 ]
 
 

@@ -355,7 +355,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--concurrency", type=int, action="append", help="throughput concurrency (repeatable)"
     )
     parser.add_argument(
-        "--inflight-count", type=int, action="append", help="held rollouts (repeatable)"
+        "--inflight-count",
+        type=int,
+        action="append",
+        help="held rollouts, for every stack (repeatable)",
     )
     parser.add_argument(
         "--hold-sec", type=float, help="in-flight: seconds from first admission to release"
@@ -368,7 +371,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="auto",
         help="event loop of our load generator (auto: uvloop when installed)",
     )
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help="where results go; default bench-results/ in the repository",
+    )
     parser.add_argument(
         "--scratch-dir",
         type=Path,

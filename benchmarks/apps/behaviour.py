@@ -7,6 +7,11 @@ The workflow returns :data:`FIXED_MESSAGES` and the grader sets reward
 - ``{"hold_sec": s}``: wait until the server process receives ``SIGUSR1``, at most ``s``
   seconds (the many-in-flight workload: every held rollout finishes at the same moment).
 
+- ``{"memory_report": path}``: write the largest allocation sites of the server process to
+  ``path`` (only when the server runs with ``ROLLOUT_BENCH_TRACEMALLOC=1``, which starts
+  :mod:`tracemalloc` at import; a diagnostic for RSS per in-flight rollout, never used by the
+  suite's measured runs).
+
 No metadata (None) means return at once.
 """
 
@@ -14,7 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import signal
+import tracemalloc
+from pathlib import Path
 from typing import Any, Final
 
 __all__ = [
@@ -41,6 +49,12 @@ RELEASE_SIGNAL: Final = signal.SIGUSR1
 
 HOLD_LIMIT_SEC: Final = 600.0
 """Longest ``hold_sec`` honoured: a lost release signal cannot hold a rollout forever."""
+
+TRACEMALLOC_ENV: Final = "ROLLOUT_BENCH_TRACEMALLOC"
+"""Set to 1 to trace allocations in the server (for ``memory_report``)."""
+
+if os.environ.get(TRACEMALLOC_ENV) == "1" and not tracemalloc.is_tracing():
+    tracemalloc.start(1)
 
 
 class _Release:
@@ -91,6 +105,9 @@ async def wait_as_told(metadata: dict[str, Any] | None) -> None:
     """
     if not metadata:
         return
+    report = metadata.get("memory_report")
+    if isinstance(report, str) and tracemalloc.is_tracing():
+        _write_memory_report(Path(report))
     sleep_sec = _seconds(metadata, "sleep_sec")
     if sleep_sec is not None:
         await asyncio.sleep(sleep_sec)
@@ -101,6 +118,18 @@ async def wait_as_told(metadata: dict[str, Any] | None) -> None:
             await asyncio.wait_for(event.wait(), hold_sec)
         except TimeoutError:
             pass  # released by the bound instead: the latency figures will show it
+
+
+def _write_memory_report(path: Path, top: int = 40) -> None:
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(False, tracemalloc.__file__)]
+    )
+    total = sum(stat.size for stat in snapshot.statistics("filename"))
+    lines = [f"traced: {total / 1024:.0f} KiB", "", "by line:"]
+    lines += [str(stat) for stat in snapshot.statistics("lineno")[:top]]
+    lines += ["", "by file:"]
+    lines += [str(stat) for stat in snapshot.statistics("filename")[:top]]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def fixed_messages() -> list[dict[str, Any]]:

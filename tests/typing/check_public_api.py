@@ -21,3 +21,64 @@ result: RolloutResultResponse = structure_wire({}, RolloutResultResponse)
 terminal: bool = result.is_terminal
 status: RolloutStatus | str = result.status
 document: object = converter.unstructure(request)
+
+
+# -- rollout_client: the user guide's calls, with an aiohttp session ------------------------
+async def _client_usage() -> None:
+    import aiohttp
+
+    from rollout_client import (
+        RolloutAdmissionTimeoutError,
+        RolloutClient,
+        RolloutHandle,
+        RolloutProtocolError,
+    )
+
+    async with aiohttp.ClientSession() as session:
+        client = RolloutClient(url="http://127.0.0.1:8000", http_client=session, api_key="k")
+        final: RolloutResultResponse = await client.run_rollout(
+            initial_messages=[{"role": "user", "content": "What is 6 * 7?"}],
+            chat_completions_url="http://127.0.0.1:9000/v1",
+            rollout_id="r1",
+            label="42",
+            grade=True,
+        )
+        handle: RolloutHandle = await client.run_rollout_async(
+            initial_messages=[], chat_completions_url="", rollout_id="r2"
+        )
+        phase: RolloutStatus | str = await handle.wait_for_grading()
+        latest: RolloutResultResponse | None = handle.latest_result
+        awaited: RolloutResultResponse = await handle
+        health: dict[str, object] = await client.wait_idle(timeout_sec=120, process_id="p")
+        code: int = RolloutProtocolError("x", status_code=500).status_code
+        timeout_error: TimeoutError = RolloutAdmissionTimeoutError(
+            "x", rollout_id="r1", may_have_succeeded=False
+        )
+        del final, phase, latest, awaited, health, code, timeout_error
+
+
+# -- rollout_server: a workflow, a grader, LocalBackend and the app factory -----------------
+def _server_usage() -> None:
+    from aiohttp import web
+
+    from rollout_server import (
+        AgentWorkflow,
+        Grader,
+        GraderContext,
+        LocalBackend,
+        WorkflowContext,
+        create_rollout_server,
+    )
+
+    class Echo(AgentWorkflow):
+        async def run(self, ctx: WorkflowContext) -> list[dict[str, object]]:
+            return [*ctx.prompt, {"role": "assistant", "content": "42"}]
+
+    class Exact(Grader):
+        async def grade(self, ctx: GraderContext) -> None:
+            ctx.set_reward(1.0 if ctx.label == "42" else 0.0)
+
+    app: web.Application = create_rollout_server(
+        backend=LocalBackend(workflow=Echo, grader=Exact), api_key="k"
+    )
+    del app

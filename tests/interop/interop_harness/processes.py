@@ -250,7 +250,10 @@ class DriverProcess:
         async with asyncio.timeout(timeout_sec + CALL_GRACE_SEC):
             answer = await future
         if not answer["ok"]:
-            raise DriverError(op, answer["error"])
+            error = dict(answer["error"])
+            if error.get("type") == "DriverTimeout":
+                error["message"] += "; driver stderr:\n" + "".join(self.stderr[-20:])
+            raise DriverError(op, error)
         return answer["value"]
 
     async def wait_event(

@@ -38,6 +38,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from ._logsink import TurnBufferedStreamHandler
 from .app import (
     DEFAULT_KEEPALIVE_TIMEOUT_SEC,
     DEFAULT_MAX_BODY_BYTES,
@@ -428,7 +429,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
+        # One write per event-loop turn, not per line (a line per rollout at INFO).
+        logging.basicConfig(
+            level=args.log_level,
+            format=LOG_FORMAT,
+            handlers=[TurnBufferedStreamHandler(sys.stderr)],
+        )
     else:
         logging.getLogger().setLevel(args.log_level)
     if not 0 <= args.port <= 65535:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import inspect
 import logging
 import math
@@ -36,6 +37,7 @@ from rollout_types import RolloutErrorCategory, RolloutStatus, is_single_path_se
 from ._config import BaseConfig
 from ._imports import resolve_import_string
 from ._limiter import ConcurrencyLimiter
+from ._offload import BatchOffloader
 from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
 from .categorize import categorize_exception
 from .context import RolloutContext, bind_rollout_context, current_rollout_context
@@ -44,6 +46,7 @@ from .trajectory import (
     ARTIFACTS_DIR_NAME,
     build_trajectory,
     default_artifact_root,
+    make_artifacts_dir,
     write_rollout_files,
 )
 from .workflow import AgentWorkflow, AgentWorkflowConfig, AgentWorkflowOutput, WorkflowContext
@@ -296,7 +299,8 @@ class LocalBackend(ExecutionBackend):
             else Path(artifact_root).expanduser().absolute()
         )
         self._mean_duration_sec: float | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()
+        self._files = BatchOffloader()
 
     @property
     def max_concurrent(self) -> int | None:
@@ -483,7 +487,7 @@ class LocalBackend(ExecutionBackend):
         delays = (*ARTIFACTS_DIR_RETRY_DELAYS_SEC, None)
         for attempt, delay in enumerate(delays, start=1):
             try:
-                await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
+                await self._files.submit(functools.partial(make_artifacts_dir, path))
             except OSError as exc:
                 if delay is None:
                     logger.warning(
@@ -658,8 +662,8 @@ class LocalBackend(ExecutionBackend):
         job = self._write_job(run, outcome)
         if job is None:
             return
-        write = asyncio.get_running_loop().create_task(asyncio.to_thread(job))
-        write.add_done_callback(lambda future: self._log_write(run, future))
+        write = self._files.submit(job)
+        write.add_done_callback(functools.partial(self._log_write, run))
         self._background.add(write)  # shutdown() waits for writes still in flight
         write.add_done_callback(self._background.discard)
         # asyncio.wait neither raises the write's error nor cancels the write (on a timeout
@@ -686,17 +690,10 @@ class LocalBackend(ExecutionBackend):
         if job is None:
             return
 
-        async def write() -> None:
-            try:
-                await asyncio.to_thread(job)
-            except Exception as exc:  # noqa: BLE001 - best effort, logged
-                logger.warning("Rollout %s: cannot save the trajectory: %s", run.request.id, exc)
-            else:
-                logger.info("Rollout %s: trajectory saved (cancelled)", run.request.id)
-
-        background = asyncio.get_running_loop().create_task(write())
-        self._background.add(background)
-        background.add_done_callback(self._background.discard)
+        write = self._files.submit(job)
+        write.add_done_callback(functools.partial(self._log_write, run))
+        self._background.add(write)
+        write.add_done_callback(self._background.discard)
 
     def _write_job(
         self, run: _Run, outcome: ExecutionOutcome, reported: ExecutionResult | None = None
@@ -744,5 +741,7 @@ class LocalBackend(ExecutionBackend):
         exc = future.exception()
         if exc is not None:
             logger.warning("Rollout %s: cannot save the trajectory: %s", run.request.id, exc)
-        else:
-            logger.info("Rollout %s: trajectory saved in %s", run.request.id, run.rollout_dir)
+        elif logger.isEnabledFor(logging.DEBUG):
+            # DEBUG, not INFO: a line per rollout on the hot path (the server's own
+            # "finished" line already says the rollout is done).
+            logger.debug("Rollout %s: trajectory saved in %s", run.request.id, run.rollout_dir)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import itertools
 import json
 import logging
 import os
@@ -69,6 +70,7 @@ __all__ = [
     "TRAJECTORY_SCHEMA_VERSION",
     "build_trajectory",
     "default_artifact_root",
+    "make_artifacts_dir",
     "write_json_atomic",
     "write_rollout_files",
 ]
@@ -190,6 +192,26 @@ def build_trajectory(
     return fitted if isinstance(fitted, dict) else {}
 
 
+_TEMP_SEQUENCE: Final = itertools.count()
+"""Numbers the temporary files of :func:`write_json_atomic` within this process."""
+
+_TEMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """Create a new temporary file (owner-only) next to ``path``; return its fd and name.
+
+    The name is unique within the process (pid and a counter), so the common case is one
+    ``open``; a leftover file of that name (another process once had this pid) falls back
+    to :func:`tempfile.mkstemp`.
+    """
+    name = f"{path.parent}{os.sep}.{path.name}.{os.getpid()}.{next(_TEMP_SEQUENCE)}.tmp"
+    try:
+        return os.open(name, _TEMP_FLAGS, 0o600), name
+    except FileExistsError:
+        return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+
+
 def write_json_atomic(path: Path, document: Any) -> None:
     """Write ``document`` as JSON to ``path`` atomically (temporary file, then rename).
 
@@ -199,12 +221,16 @@ def write_json_atomic(path: Path, document: Any) -> None:
         OSError: When the directory is missing or not writable.
         TypeError, ValueError: When ``document`` does not encode as strict JSON.
     """
-    text = json.dumps(document, ensure_ascii=False, allow_nan=False, indent=2)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    data = json.dumps(document, ensure_ascii=False, allow_nan=False, indent=2).encode()
+    data += b"\n"
+    fd, tmp_name = _create_temp(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.write("\n")
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
         os.replace(tmp_name, path)
     except BaseException:
         try:
@@ -217,16 +243,37 @@ def write_json_atomic(path: Path, document: Any) -> None:
 def write_rollout_files(
     rollout_dir: Path, trajectory: Mapping[str, Any], diagnostics: Mapping[str, Any] | None
 ) -> None:
-    """Create ``rollout_dir`` and write ``trajectory.json`` (and ``diagnostics.json`` when
-    ``diagnostics`` is not empty) into it, each atomically.
+    """Create ``rollout_dir`` if needed and write ``trajectory.json`` (and
+    ``diagnostics.json`` when ``diagnostics`` is not empty) into it, each atomically.
 
-    Blocking: call it off the event loop (``asyncio.to_thread``).
+    Blocking: call it off the event loop.
 
     Raises:
         OSError: When the directory cannot be created or written.
     """
-    rollout_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(rollout_dir / TRAJECTORY_FILE_NAME, trajectory)
+    target = rollout_dir / TRAJECTORY_FILE_NAME
+    try:
+        write_json_atomic(target, trajectory)
+    except FileNotFoundError:
+        # The directory is usually there already (made before the workflow ran).
+        rollout_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(target, trajectory)
     if diagnostics:
         fitted, _dropped = fit_json(diagnostics, "diagnostics")
         write_json_atomic(rollout_dir / DIAGNOSTICS_FILE_NAME, fitted)
+
+
+def make_artifacts_dir(path: Path) -> None:
+    """Create ``path`` (``<artifact_root>/<rollout_id>/artifacts``) and its parents.
+
+    Blocking. The common case, a new rollout under an existing root, costs two ``mkdir``
+    calls; anything else falls back to :meth:`pathlib.Path.mkdir`.
+
+    Raises:
+        OSError: When the directory cannot be created.
+    """
+    try:
+        os.mkdir(path.parent)
+        os.mkdir(path)
+    except OSError:
+        path.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,78 @@
+"""``TurnBufferedStreamHandler``: the ``rollout-server`` command's log handler.
+
+A plain :class:`logging.StreamHandler` on stderr makes one ``write`` system call per record
+(stderr is line-buffered), which at hundreds of rollouts per second is a sizeable share of
+the event loop's time. This handler formats each record at once but, on an event-loop
+thread, writes the records of one loop turn together at the end of the turn; elsewhere
+(no running loop: start-up, worker threads, exit) it writes at once, after anything still
+buffered, so lines keep their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TextIO
+
+__all__ = ["TurnBufferedStreamHandler"]
+
+
+class TurnBufferedStreamHandler(logging.StreamHandler[TextIO]):
+    """A stream handler that writes once per event-loop turn.
+
+    Args:
+        stream: Where lines go (e.g. ``sys.stderr``).
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._lines: list[str] = []
+        self._scheduled_on: asyncio.AbstractEventLoop | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Format ``record`` and buffer it for the end of the loop turn (or write it now)."""
+        try:
+            line = self.format(record) + self.terminator
+        except Exception:  # noqa: BLE001 - logging never raises into the caller
+            self.handleError(record)
+            return
+        loop = asyncio._get_running_loop()
+        # Handler.handle() holds self.lock here.
+        self._lines.append(line)
+        if loop is None or loop.is_closed():
+            self.flush()
+            return
+        if self._scheduled_on is not loop:
+            try:
+                loop.call_soon(self.flush)
+            except RuntimeError:  # the loop is closing
+                self.flush()
+                return
+            self._scheduled_on = loop
+
+    def flush(self) -> None:
+        """Write every buffered line and flush the stream."""
+        with self.lock if self.lock is not None else _NO_LOCK:
+            self._scheduled_on = None
+            lines = self._lines
+            if lines:
+                self._lines = []
+                try:
+                    self.stream.write("".join(lines))
+                except Exception:  # noqa: BLE001 - as StreamHandler: report, never raise
+                    self.handleError(logging.makeLogRecord({"msg": "".join(lines)}))
+                    return
+            stream_flush = getattr(self.stream, "flush", None)
+            if stream_flush is not None:
+                stream_flush()
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
