@@ -19,7 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv-run"
-REQUIREMENTS = ["nox>=2024.10", "uv>=0.4", "ruff>=0.6"]
+# ruff is pinned: its formatter and rules change between releases, and lint must not
+# start failing on a fresh machine because a new ruff came out.
+REQUIREMENTS = ["nox>=2024.10", "uv>=0.4", "ruff==0.17.6"]
 
 
 def _python() -> Path:

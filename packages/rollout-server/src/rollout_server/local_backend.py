@@ -17,6 +17,7 @@ Cancellation at any point releases the slot at once and propagates.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import inspect
@@ -387,6 +388,7 @@ class LocalBackend(ExecutionBackend):
         task = asyncio.current_task()
         baseline = 0 if task is None else task.cancelling()
         ambient = current_rollout_context()
+        binding: contextlib.AbstractContextManager[RolloutContext]
         if ambient is None or ambient.rollout_id != request.id:
             ambient = RolloutContext.from_request(
                 rollout_id=request.id,
@@ -395,6 +397,9 @@ class LocalBackend(ExecutionBackend):
                 process_id="",
                 on_status=request.on_status,
             )
+            binding = bind_rollout_context(ambient)
+        else:
+            binding = contextlib.nullcontext(ambient)  # the server bound it already
 
         def check_cancelled() -> None:
             # User code may catch CancelledError and carry on; honour the request anyway.
@@ -402,7 +407,7 @@ class LocalBackend(ExecutionBackend):
                 raise asyncio.CancelledError
 
         try:
-            with bind_rollout_context(ambient):
+            with binding:
                 outcome = await self._execute(run, ambient, check_cancelled)
         except asyncio.CancelledError:
             self._persist_cancelled(run)

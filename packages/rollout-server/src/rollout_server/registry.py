@@ -3,15 +3,16 @@
 The registry owns every rollout's state. It runs on one event loop, so plain attribute
 updates between awaits need no lock; nothing on the poll path takes a global lock.
 
-Deadlines are loop timers, never sleeping tasks:
+Deadlines are entries of one shared timer structure (:class:`DeadlineQueue`: a heap
+served by a single loop timer), never sleeping tasks nor a loop timer each:
 
 * the lease timer of a record is armed once at registration and re-armed lazily: a poll
   only moves ``lease_deadline``; when the timer fires early it re-arms itself at the new
   deadline, so renewal costs one float assignment;
 * the retention timer is armed once, at publication.
 
-A long poll waits on a plain future in the record's waiter list, bounded by one
-``call_later`` handle; every status change resolves the list.
+A long poll waits on a plain future in the record's waiter list, bounded by one deadline
+entry; every status change resolves the list.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from rollout_types import (
     dumps,
 )
 
+from ._deadlines import DeadlineQueue, Entry
 from ._responses import encode_json
 
 __all__ = ["RolloutRecord", "RolloutRegistry"]
@@ -142,8 +144,8 @@ class RolloutRecord:
         self.task: asyncio.Task[None] | None = None
         self._digest = digest
         self._id_json = encode_json(_JSON_STR(rollout_id)).decode()
-        self._lease_timer: asyncio.TimerHandle | None = None
-        self._retention_timer: asyncio.TimerHandle | None = None
+        self._lease_timer: Entry | None = None
+        self._retention_timer: Entry | None = None
         self._retention_elapsed = False
         self._collect_pending = False
         self._waiters: list[asyncio.Future[None]] | None = None
@@ -209,6 +211,7 @@ class RolloutRegistry:
         self._delivered: asyncio.Future[None] | None = None
         self._removal_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
+        self._deadlines = DeadlineQueue()
 
     # -- lookup ---------------------------------------------------------------------------
 
@@ -280,7 +283,9 @@ class RolloutRegistry:
         record.task = task
         self._tasks[task] = record
         task.add_done_callback(self._on_task_done)
-        record._lease_timer = loop.call_at(record.lease_deadline, self._on_lease_timer, record)
+        record._lease_timer = self._deadlines.add(
+            loop, record.lease_deadline, self._on_lease_timer, record
+        )
         return record, token
 
     # -- progress and publication ---------------------------------------------------------
@@ -345,7 +350,7 @@ class RolloutRegistry:
         record.body = body
         record.status = status
         if record._lease_timer is not None:
-            record._lease_timer.cancel()
+            self._deadlines.cancel(record._lease_timer)
             record._lease_timer = None
         if self._collecting:
             record._collect_pending = True
@@ -353,8 +358,8 @@ class RolloutRegistry:
         self._wake(record)
         if not self._closed:
             loop = self.loop
-            record._retention_timer = loop.call_at(
-                loop.time() + self._retention_sec, self._on_retention_elapsed, record
+            record._retention_timer = self._deadlines.add(
+                loop, loop.time() + self._retention_sec, self._on_retention_elapsed, record
             )
         return True
 
@@ -414,7 +419,9 @@ class RolloutRegistry:
             return
         loop = self.loop
         if record.lease_deadline - loop.time() > _TIMER_SLACK_SEC:
-            record._lease_timer = loop.call_at(record.lease_deadline, self._on_lease_timer, record)
+            record._lease_timer = self._deadlines.add(
+                loop, record.lease_deadline, self._on_lease_timer, record
+            )
             return
         self._expire(record)
 
@@ -446,11 +453,11 @@ class RolloutRegistry:
         if waiters is None:
             waiters = record._waiters = []
         waiters.append(fut)
-        timer = loop.call_later(timeout, _resolve, fut)
+        timer = self._deadlines.add(loop, loop.time() + timeout, _resolve, fut)
         try:
             await fut
         finally:
-            timer.cancel()
+            self._deadlines.cancel(timer)
             if not fut.done():
                 fut.cancel()
             # Still listed after a timeout or a cancelled wait; a wake-up took the list.
@@ -609,7 +616,7 @@ class RolloutRegistry:
         for record in self._records.values():
             for timer in (record._lease_timer, record._retention_timer):
                 if timer is not None:
-                    timer.cancel()
+                    self._deadlines.cancel(timer)
             record._lease_timer = None
             record._retention_timer = None
             self._wake(record)

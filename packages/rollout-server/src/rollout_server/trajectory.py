@@ -10,7 +10,8 @@ The artifact root is, in order: the backend's ``artifact_root`` argument,
 ``$ROLLOUT_ARTIFACT_ROOT``, ``$_OSMOSIS_ROLLOUT_ARTIFACT_ROOT`` (osmosis-ai's variable), then
 ``$XDG_STATE_HOME/rollout/artifacts`` or ``~/.local/state/rollout/artifacts``.
 
-``trajectory.json`` (``schema_version`` ``"rollout-trajectory/1"``) is one JSON object:
+``trajectory.json`` (``schema_version`` ``"rollout-trajectory/1"``) is one JSON object (compact,
+UTF-8, one line):
 
 =======================  ===============================================================
 key                      value
@@ -221,7 +222,8 @@ def write_json_atomic(path: Path, document: Any) -> None:
         OSError: When the directory is missing or not writable.
         TypeError, ValueError: When ``document`` does not encode as strict JSON.
     """
-    data = json.dumps(document, ensure_ascii=False, allow_nan=False, indent=2).encode()
+    # Compact: without ``indent`` the json module encodes in C (several times faster).
+    data = json.dumps(document, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
     data += b"\n"
     fd, tmp_name = _create_temp(path)
     try:
