@@ -128,5 +128,10 @@ class DeadlineQueue:
             self._cancelled -= 1
         # A callback may have added deadlines (and armed the timer for the first of them);
         # the timer must serve the earliest.
-        if heap and (self._timer is None or heap[0][0] < self._timer_when):
+        armed = self._armed_for()
+        if heap and (armed is None or heap[0][0] < armed):
             self._arm(loop, heap[0][0])
+
+    def _armed_for(self) -> float | None:
+        """The loop time the timer is armed for, or None when it is not armed."""
+        return None if self._timer is None else self._timer_when

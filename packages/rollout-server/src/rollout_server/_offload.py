@@ -19,6 +19,7 @@ submitted during one event-loop turn and, at the end of the turn:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
@@ -42,6 +43,8 @@ DEFAULT_THREAD_MODE_SEC: Final = 10.0
 
 DEFAULT_TURN_BUDGET_SEC: Final = 0.005
 """Most loop time (seconds) one turn spends on jobs before leaving the rest to the next."""
+
+logger: Final = logging.getLogger("rollout_server.files")
 
 _T = TypeVar("_T")
 _Job = tuple[Callable[[], Any], "asyncio.Future[Any]"]
@@ -185,6 +188,12 @@ class BatchOffloader:
                 mean += MEAN_WEIGHT * (ended - began - mean)
                 if mean > self._slow_job_sec:
                     self._threads_until = time.monotonic() + self._thread_mode_sec
+                    logger.info(
+                        "File jobs are slow (%.1f ms each on average); running them in a "
+                        "worker thread for the next %.0f s",
+                        mean * 1000.0,
+                        self._thread_mode_sec,
+                    )
                     break
                 if ended >= turn_end:
                     break

@@ -10,7 +10,6 @@ runs the same stages without the collect window.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import os
@@ -165,7 +164,7 @@ class RolloutServer:
                 grader_timeout_sec=init.grader_timeout_sec,
                 request_extra_fields=init.extra_fields,
                 admitted_at=admitted_at,
-                on_status=functools.partial(registry.set_status, record),
+                on_status=_StatusSink(registry, record),
             )
             return run_execution(
                 registry=registry,
@@ -374,6 +373,19 @@ class RolloutServer:
 
 ROLLOUT_SERVER_KEY: Final = web.AppKey("rollout_server", RolloutServer)
 """Where :func:`create_rollout_server` stores the app's :class:`RolloutServer`."""
+
+
+class _StatusSink:
+    """``on_status`` of one rollout: reports to the registry (smaller than a partial)."""
+
+    __slots__ = ("_record", "_registry")
+
+    def __init__(self, registry: RolloutRegistry, record: RolloutRecord) -> None:
+        self._registry = registry
+        self._record = record
+
+    def __call__(self, status: RolloutStatus | str) -> None:
+        self._registry.set_status(self._record, status)
 
 
 def _check_seconds(name: str, value: Any, *, allow_zero: bool = False) -> float:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib
 import inspect
 import logging
@@ -416,6 +417,10 @@ def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None
 async def _serve_command(args: argparse.Namespace) -> int:
     target = load_target(args.target, app_dir=args.app_dir)
     app = await build_app(target, args)
+    # Everything alive now (modules, the app) lives as long as the process: keep it out of
+    # the collector's reach, so full collections walk only the rollouts' own objects.
+    gc.collect()
+    gc.freeze()
     try:
         await serve(app, host=args.host, port=args.port, port_file=args.port_file)
     except OSError as exc:

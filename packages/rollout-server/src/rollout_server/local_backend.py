@@ -84,13 +84,25 @@ class _Run:
 
     request: ExecutionRequest
     entered: float
+    task: asyncio.Task[Any] | None = None
+    cancelling_baseline: int = 0
     queued_sec: float = 0.0
     workflow_sec: float | None = None
     grader_sec: float | None = None
+    # ``<root>/<id>/artifacts`` once a slot is held (whether or not it could be made); the
+    # rollout directory is its parent (one path object per rollout in flight, not two).
+    artifacts_path: Path | None = None
     rollout_dir: Path | None = None
     workflow: ExecutionResult | None = None
     grader: ExecutionResult | None = None
     workflow_info: dict[str, Any] = attrs.Factory(dict)
+
+    def check_cancelled(self) -> None:
+        """Raise CancelledError if the task was cancelled (user code may have caught it
+        and carried on; the request is honoured anyway)."""
+        task = self.task
+        if task is not None and task.cancelling() > self.cancelling_baseline:
+            raise asyncio.CancelledError
 
     def timings(self) -> dict[str, float | None]:
         return {
@@ -384,9 +396,13 @@ class LocalBackend(ExecutionBackend):
             asyncio.CancelledError: When the task is cancelled, including a cancellation
                 that user code swallowed (reported once that code returns).
         """
-        run = _Run(request=request, entered=_entered(request))
         task = asyncio.current_task()
-        baseline = 0 if task is None else task.cancelling()
+        run = _Run(
+            request=request,
+            entered=_entered(request),
+            task=task,
+            cancelling_baseline=0 if task is None else task.cancelling(),
+        )
         ambient = current_rollout_context()
         binding: contextlib.AbstractContextManager[RolloutContext]
         if ambient is None or ambient.rollout_id != request.id:
@@ -401,14 +417,9 @@ class LocalBackend(ExecutionBackend):
         else:
             binding = contextlib.nullcontext(ambient)  # the server bound it already
 
-        def check_cancelled() -> None:
-            # User code may catch CancelledError and carry on; honour the request anyway.
-            if task is not None and task.cancelling() > baseline:
-                raise asyncio.CancelledError
-
         try:
             with binding:
-                outcome = await self._execute(run, ambient, check_cancelled)
+                outcome = await self._execute(run, ambient)
         except asyncio.CancelledError:
             self._persist_cancelled(run)
             raise
@@ -421,7 +432,6 @@ class LocalBackend(ExecutionBackend):
         self,
         run: _Run,
         ambient: RolloutContext,
-        check_cancelled: Callable[[], None],
     ) -> ExecutionOutcome:
         request = run.request
         timeout = request.agent_timeout_sec
@@ -437,7 +447,7 @@ class LocalBackend(ExecutionBackend):
             request.on_status(RolloutStatus.RUNNING)
             artifacts_dir = await self._artifacts_dir(run)
             run.workflow = await self._run_workflow(run, ambient, artifacts_dir)
-            check_cancelled()
+            run.check_cancelled()
             if not request.grade or run.workflow.status != RolloutStatus.SUCCESS:
                 finished = True
                 return ExecutionOutcome(workflow=run.workflow)
@@ -449,7 +459,7 @@ class LocalBackend(ExecutionBackend):
                 run.grader = await self._run_grader(
                     run, self._grader_cls, run.workflow.sample, artifacts_dir
                 )
-                check_cancelled()
+                run.check_cancelled()
             finished = True
             return ExecutionOutcome(workflow=run.workflow, grader=run.grader)
         finally:
@@ -487,8 +497,7 @@ class LocalBackend(ExecutionBackend):
                 rollout_id,
             )
             return None
-        run.rollout_dir = self._artifact_root / rollout_id
-        path = run.rollout_dir / ARTIFACTS_DIR_NAME
+        path = run.artifacts_path = self._artifact_root / rollout_id / ARTIFACTS_DIR_NAME
         delays = (*ARTIFACTS_DIR_RETRY_DELAYS_SEC, None)
         for attempt, delay in enumerate(delays, start=1):
             try:
@@ -703,9 +712,11 @@ class LocalBackend(ExecutionBackend):
     def _write_job(
         self, run: _Run, outcome: ExecutionOutcome, reported: ExecutionResult | None = None
     ) -> Callable[[], None] | None:
-        """The blocking job that builds and writes the rollout's files (run it in a thread),
+        """The blocking job that builds and writes the rollout's files (for the file jobs),
         or None when the rollout keeps no files (its id is not a single path segment)."""
-        if run.rollout_dir is None:
+        if run.artifacts_path is not None:
+            run.rollout_dir = run.artifacts_path.parent
+        elif run.rollout_dir is None:
             # No slot was held (deadline passed in the queue) or the id is not path-safe.
             if not is_single_path_segment(run.request.id):
                 return None
