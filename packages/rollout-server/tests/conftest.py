@@ -297,7 +297,7 @@ def init_body(rollout_id: str = "r1", **fields: Any) -> dict[str, Any]:
 class Harness:
     """A rollout app served on 127.0.0.1, with one method per route."""
 
-    def __init__(self, client: TestClient[Any, Any], backend: ScriptedBackend) -> None:
+    def __init__(self, client: TestClient[Any, Any], backend: Any) -> None:
         self.client = client
         self.backend = backend
         app = client.app
@@ -385,12 +385,14 @@ async def make_harness(aiohttp_client: Any) -> AsyncIterator[MakeHarness]:
     """Factory: ``await make_harness(backend=None, **create_rollout_server_kwargs)``.
 
     Defaults for tests: a 0.3 s long-poll wait, a 5 s lease, 60 s retention and short
-    shutdown stages. At teardown, every scripted execution still waiting is released
-    before the app stops, so a backend that swallows cancellation cannot hang the test.
+    shutdown stages. ``backend`` is any execution backend (default: a fresh
+    :class:`ScriptedBackend`). At teardown, every backend with a ``release_all()`` (the
+    scripted ones) releases the executions still waiting before the app stops, so a
+    backend that swallows cancellation cannot hang the test.
     """
-    backends: list[ScriptedBackend] = []
+    backends: list[Any] = []
 
-    async def make(backend: ScriptedBackend | None = None, **kwargs: Any) -> Harness:
+    async def make(backend: Any = None, **kwargs: Any) -> Harness:
         backend = ScriptedBackend() if backend is None else backend
         backends.append(backend)
         kwargs.setdefault("result_wait_timeout_sec", 0.3)
@@ -403,7 +405,9 @@ async def make_harness(aiohttp_client: Any) -> AsyncIterator[MakeHarness]:
 
     yield make
     for backend in backends:
-        backend.release_all()
+        release_all = getattr(backend, "release_all", None)
+        if release_all is not None:
+            release_all()
 
 
 @pytest.fixture

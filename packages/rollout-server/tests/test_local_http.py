@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from aiohttp.test_utils import TestClient
 
 from rollout_server import (
     AgentWorkflow,
@@ -25,12 +24,9 @@ from rollout_server import (
     GraderContext,
     LocalBackend,
     Sample,
-    ShutdownTimeouts,
     WorkflowContext,
-    create_rollout_server,
     get_rollout_context,
 )
-from rollout_types import LEASE_HEADER
 
 EVENT_SEC = 10.0
 """Upper bound on waiting for an event a test expects (never reached when all is well)."""
@@ -148,105 +144,20 @@ class BlockingGrader(Grader):
 
 # -- helpers ---------------------------------------------------------------------------
 
-TEST_SHUTDOWN = ShutdownTimeouts(
-    drain_sec=0.1, cleanup_sec=2.0, force_sec=1.0, backend_sec=2.0, collect_sec=0.5
-)
-"""Short shutdown stages, so a test's teardown never waits long."""
-
-
-class Reply:
-    """A response as the tests see it: status, headers and decoded JSON body."""
-
-    def __init__(self, status: int, headers: Mapping[str, str], body: Any) -> None:
-        self.status = status
-        self.headers = headers
-        self.json = body
-
-    def __repr__(self) -> str:
-        return f"<Reply {self.status} {self.json!r}>"
-
-
-def init_body(rollout_id: str, **fields: Any) -> dict[str, Any]:
-    """A ``POST /rollout`` body with every key an osmosis-ai 0.3.8 client sends."""
-    body: dict[str, Any] = {
-        "initial_messages": [{"role": "user", "content": "hello"}],
-        "rollout_id": rollout_id,
-        "chat_completions_url": "http://127.0.0.1:9/v1",
-        "label": "L",
-        "metadata": None,
-        "llm_api_key": None,
-        "grade": True,
-        "agent_timeout_sec": None,
-        "grader_timeout_sec": None,
-        "extra_fields": None,
-    }
-    body.update(fields)
-    return body
-
-
-class Harness:
-    """A LocalBackend rollout app served on 127.0.0.1, with one method per route."""
-
-    def __init__(self, client: TestClient[Any, Any]) -> None:
-        self.client = client
-
-    async def request(self, method: str, path: str, **kwargs: Any) -> Reply:
-        async with self.client.request(method, path, **kwargs) as response:
-            body: Any = None
-            if response.content_type == "application/json":
-                body = await response.json()
-            else:
-                await response.read()
-            return Reply(response.status, response.headers, body)
-
-    async def post_rollout(self, body: dict[str, Any]) -> Reply:
-        return await self.request("POST", "/rollout", json=body)
-
-    async def admit(self, rollout_id: str, **fields: Any) -> str:
-        """Admit ``rollout_id`` (asserting 202) and return its lease token."""
-        reply = await self.post_rollout(init_body(rollout_id, **fields))
-        assert reply.status == 202, reply
-        token: str = reply.json["polling_lease_token"]
-        return token
-
-    async def poll(self, rollout_id: str, token: str) -> Reply:
-        return await self.request(
-            "GET", f"/rollout/{rollout_id}/result", headers={LEASE_HEADER: token}
-        )
-
-    async def poll_until(self, rollout_id: str, token: str, *statuses: str) -> Reply:
-        """Long-poll until the status is one of ``statuses`` (bounded); return that reply."""
-        async with asyncio.timeout(EVENT_SEC):
-            while True:
-                reply = await self.poll(rollout_id, token)
-                assert reply.status == 200, reply
-                if reply.json["status"] in statuses:
-                    return reply
-
-    async def cancel(self, body: dict[str, Any]) -> Reply:
-        return await self.request("POST", "/rollout/cancel", json=body)
-
-    async def health(self) -> Reply:
-        return await self.request("GET", "/health")
-
-
-MakeHarness = Callable[..., Awaitable[Harness]]
+MakeHarness = Callable[..., Awaitable[Any]]
+"""conftest's ``make_harness``: ``await make_harness(backend, **server_kwargs)``."""
+Harness = Any
+"""conftest's ``Harness`` (test files cannot import conftest)."""
 
 
 @pytest.fixture
-async def make_local(aiohttp_client: Any) -> AsyncIterator[MakeHarness]:
-    """Factory: serve a LocalBackend with short test timings (0.3 s long-poll wait, 5 s
-    lease). At teardown every gate opens, so no blocked workflow delays the shutdown."""
+async def make_local(make_harness: MakeHarness) -> AsyncIterator[MakeHarness]:
+    """Factory: serve a LocalBackend through conftest's ``make_harness`` (0.3 s long-poll
+    wait, 5 s lease). At teardown every gate opens, so no blocked workflow delays the
+    shutdown."""
 
     async def make(backend: LocalBackend) -> Harness:
-        app = create_rollout_server(
-            backend=backend,
-            result_wait_timeout_sec=0.3,
-            polling_lease_timeout_sec=5.0,
-            result_retention_sec=60.0,
-            shutdown_timeouts=TEST_SHUTDOWN,
-        )
-        return Harness(await aiohttp_client(app))
+        return await make_harness(backend)
 
     yield make
     for event in GATES.values():
@@ -506,7 +417,7 @@ class TestAmbientContext:
 
 class TestBackpressure:
     async def test_429_with_retry_after_then_admission(
-        self, make_local: MakeHarness, tmp_path: Path
+        self, make_local: MakeHarness, tmp_path: Path, body: Callable[..., dict[str, Any]]
     ) -> None:
         """With one slot and max_queued=1, a third rollout gets 429 with a load-based
         Retry-After, and is admitted once the queue has room again."""
@@ -517,7 +428,7 @@ class TestBackpressure:
         await wait_gate("started:a")
         second = await harness.admit("b", grade=False)
         await health_until(harness, lambda c: c["queued"] == 1)
-        refused = await harness.post_rollout(init_body("c", grade=False))
+        refused = await harness.post_rollout(body("c", grade=False))
         assert refused.status == 429, refused
         # Two rollouts would be ahead of it, each assumed to take 5 s, on one slot.
         assert refused.headers["Retry-After"] == "10"
