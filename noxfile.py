@@ -177,11 +177,17 @@ def tests_server(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def integration(session: nox.Session) -> None:
-    """Cross-package tests (client against server, the eval job, the demo) from wheels."""
+    """Cross-package tests (client against server, the eval job, the demo) from wheels, and
+    the benchmark harness's smoke test (tiny counts, times nothing)."""
     install_wheels(session, "rollout-types", "rollout-client", "rollout-server")
     session.install(*TEST_DEPS)
     run_pytest(
-        session, "tests", "--ignore=tests/interop", "--ignore=tests/compat", "--ignore=tests/typing"
+        session,
+        "tests",
+        "benchmarks/tests",
+        "--ignore=tests/interop",
+        "--ignore=tests/compat",
+        "--ignore=tests/typing",
     )
 
 
@@ -245,7 +251,7 @@ def bench(session: nox.Session) -> None:
     Ours is installed from wheels of this checkout into the session's venv, osmosis-ai
     0.3.8 and uvicorn from PyPI into a second venv on the same Python. Results (JSON lines
     and a markdown table) go to ``bench-results/``. ``nox -s bench`` runs the full suite
-    (about 15 minutes, best on an otherwise idle machine); ``nox -s bench -- --quick`` is a
+    (about 10 minutes, best on an otherwise idle machine); ``nox -s bench -- --quick`` is a
     smoke run of about a minute; ``-- --workload throughput`` (repeatable) runs a subset;
     ``-- --help`` lists every option.
     """

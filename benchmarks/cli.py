@@ -333,7 +333,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--profile",
         choices=("full", "quick", "tiny"),
         default="full",
-        help="counts and timings: full (the reported figures, ~15 min), quick (a smoke "
+        help="counts and timings: full (the reported figures, ~10 min), quick (a smoke "
         "run, about a minute), tiny (the harness test); default full",
     )
     parser.add_argument("--quick", action="store_true", help="same as --profile quick")
