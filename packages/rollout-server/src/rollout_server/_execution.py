@@ -31,26 +31,12 @@ from .categorize import categorize_exception
 from .context import RolloutContext, bind_rollout_context
 from .registry import RolloutRecord, RolloutRegistry
 
-__all__ = ["run_execution", "select_result", "wire_result"]
+__all__ = ["run_execution", "wire_result"]
 
 logger: Final = logging.getLogger("rollout_server.execution")
 
 CANCELLED_MESSAGE: Final = "cancelled"
 FALLBACK_MESSAGE: Final = "Internal server error"
-
-
-def select_result(outcome: ExecutionOutcome) -> ExecutionResult:
-    """Choose the result to report (spec section 4.7 step 4).
-
-    A failed workflow reports itself (borrowing the grader's sample if it has none); a
-    successful one reports the grader result when grading produced one.
-    """
-    workflow, grader = outcome.workflow, outcome.grader
-    if workflow.status != RolloutStatus.SUCCESS:
-        if workflow.sample is None and grader is not None and grader.sample is not None:
-            return attrs.evolve(workflow, sample=grader.sample)
-        return workflow
-    return grader if grader is not None else workflow
 
 
 def _wire_reward(value: Any) -> float | None:
@@ -170,7 +156,7 @@ async def run_execution(
             raise TypeError(
                 f"backend.execute() must return an ExecutionOutcome; got {type(outcome).__name__}"
             )
-        fields = wire_result(rollout_id, select_result(outcome))
+        fields = wire_result(rollout_id, outcome.reported())
     except asyncio.CancelledError:
         registry.publish(record, status=RolloutStatus.CANCELLED, err_message=CANCELLED_MESSAGE)
         logger.info("Rollout %s cancelled", rollout_id)

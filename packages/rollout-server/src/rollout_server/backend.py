@@ -96,6 +96,19 @@ class ExecutionOutcome:
     workflow: ExecutionResult
     grader: ExecutionResult | None = None
 
+    def reported(self) -> ExecutionResult:
+        """The result the server reports (wire-protocol section 4.7, step 4).
+
+        A failed workflow reports itself (borrowing the grader's sample if it has none); a
+        successful one reports the grader result when grading produced one.
+        """
+        workflow, grader = self.workflow, self.grader
+        if workflow.status != RolloutStatus.SUCCESS:
+            if workflow.sample is None and grader is not None and grader.sample is not None:
+                return attrs.evolve(workflow, sample=grader.sample)
+            return workflow
+        return grader if grader is not None else workflow
+
 
 class ExecutionBackend(abc.ABC):
     """The interface the rollout server calls. Subclass it and implement :meth:`execute`.

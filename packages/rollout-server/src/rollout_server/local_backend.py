@@ -224,13 +224,8 @@ def _check_reward(sample: Sample | None) -> None:
 
 
 def reported_result(outcome: ExecutionOutcome) -> ExecutionResult:
-    """The result the server reports for ``outcome`` (wire-protocol section 4.7, step 4)."""
-    workflow, grader = outcome.workflow, outcome.grader
-    if workflow.status != RolloutStatus.SUCCESS:
-        if workflow.sample is None and grader is not None and grader.sample is not None:
-            return attrs.evolve(workflow, sample=grader.sample)
-        return workflow
-    return grader if grader is not None else workflow
+    """The result the server reports for ``outcome``: :meth:`ExecutionOutcome.reported`."""
+    return outcome.reported()
 
 
 class LocalBackend(ExecutionBackend):
