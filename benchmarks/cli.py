@@ -12,16 +12,18 @@ the osmosis-ai servers and load generators run under ``--osmosis-python``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -125,8 +127,12 @@ def run_one(
     log_dir: Path,
     py_spy: str | None = None,
     scratch_dir: Path | None = None,
+    remove_workdir: bool = True,
 ) -> dict[str, Any]:
     """Run one spec: a fresh server, one load generator; return the run record.
+
+    The server's artifacts go to a new directory under ``scratch_dir``, deleted when the
+    server stops unless ``remove_workdir`` is false (the caller then deletes it).
 
     With ``py_spy``, the server is sampled and its profile goes to
     ``<log_dir>/<label>.profile`` (collapsed stacks, ``python -m benchmarks.profiles``
@@ -155,6 +161,7 @@ def run_one(
             py_spy=py_spy,
             profile_path=log_dir / f"{spec.label}.profile",
             scratch_dir=scratch_dir,
+            remove_workdir=remove_workdir,
         ) as server:
             figures = run_loadgen(
                 python=pythons[spec.client],
@@ -179,6 +186,14 @@ def run_one(
                 record["error"] = "malformed figures: " + "; ".join(problems)
     record["ok"] = record["error"] is None and record.get("failed") == 0
     return record
+
+
+@contextlib.contextmanager
+def _removed_at_exit(path: Path) -> Iterator[Path]:
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def run_suite(
@@ -225,7 +240,12 @@ def run_suite(
     specs = plan_runs(profile, workloads, stacks)
     records: list[dict[str, Any]] = [meta]
     runs: list[dict[str, Any]] = []
-    with open(jsonl_path, "w", encoding="utf-8") as jsonl:
+    # Every run's artifacts stay until the suite ends (see ServerProcess.remove_workdir).
+    suite_scratch = Path(tempfile.mkdtemp(prefix="rollout-bench-suite-", dir=scratch_dir))
+    with (
+        open(jsonl_path, "w", encoding="utf-8") as jsonl,
+        _removed_at_exit(suite_scratch),
+    ):
         jsonl.write(json.dumps(meta) + "\n")
         for index, spec in enumerate(specs, start=1):
             record = run_one(
@@ -234,7 +254,8 @@ def run_suite(
                 loops=loops,
                 log_dir=log_dir,
                 py_spy=py_spy,
-                scratch_dir=scratch_dir,
+                scratch_dir=suite_scratch,
+                remove_workdir=False,
             )
             runs.append(record)
             records.append(record)

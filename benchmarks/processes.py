@@ -95,6 +95,11 @@ class ServerProcess:
         scratch_dir: Where the server's temporary directory (its artifact root: one
             directory and ``trajectory.json`` per rollout) is made; default the system's
             temporary directory.
+        remove_workdir: Whether stopping the server deletes that directory (default). The
+            suite keeps it and deletes every run's at the end: on ext4 the inodes of a
+            just-deleted tree make the next run's file creations several times dearer
+            (the allocator skips recently deleted inodes), which would be charged to the
+            next server.
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class ServerProcess:
         py_spy: str | None = None,
         profile_path: Path | None = None,
         scratch_dir: Path | None = None,
+        remove_workdir: bool = True,
     ) -> None:
         if py_spy is not None and profile_path is None:
             raise ValueError("profile_path is required with py_spy")
@@ -116,6 +122,7 @@ class ServerProcess:
         self.log_path = log_path
         self.py_spy = py_spy
         self.scratch_dir = scratch_dir
+        self.remove_workdir = remove_workdir
         self.profile_path = profile_path
         self.process: subprocess.Popen[bytes] | None = None
         self.profiler: subprocess.Popen[bytes] | None = None
@@ -234,9 +241,9 @@ class ServerProcess:
                     stop_process(self.process)
             finally:
                 self.process = None
-                if self._workdir is not None:
+                if self._workdir is not None and self.remove_workdir:
                     shutil.rmtree(self._workdir, ignore_errors=True)
-                    self._workdir = None
+                self._workdir = None
 
 
 def _healthy(url: str) -> bool:

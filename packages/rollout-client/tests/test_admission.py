@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+import rollout_client
 from rollout_client import (
     RolloutAdmissionTimeoutError,
     RolloutProtocolError,
@@ -71,6 +72,18 @@ class TestAdmissionRequest:
         (post,) = server.seen("POST", "/rollout")
         assert post.headers["Authorization"] == "Bearer k-1"
         assert post.headers[PROTOCOL_VERSION_HEADER] == PROTOCOL_VERSION
+
+    async def test_own_session_sends_only_the_headers_it_needs(self, serve, make_client):
+        """A client-made session sends ``User-Agent: rollout-client/<version>`` and no
+        ``Accept`` or ``Accept-Encoding`` (a server keeps every header of a waiting poll)."""
+        server = await serve(*admit_then_succeed())
+        client = make_client(server.url)
+        await client.run_rollout(MESSAGES, "u", "r1")
+        assert server.requests
+        for request in server.requests:
+            assert request.headers["User-Agent"] == f"rollout-client/{rollout_client.__version__}"
+            assert "Accept" not in request.headers
+            assert "Accept-Encoding" not in request.headers
 
     async def test_no_authorization_without_key(self, serve, make_client):
         """Without api_key no Authorization header is sent."""

@@ -10,17 +10,19 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from rollout_server import _deadlines
+from rollout_server import _deadlines, _offload
 from rollout_server._deadlines import DeadlineQueue
 from rollout_server._logsink import TurnBufferedStreamHandler
 from rollout_server._offload import BatchOffloader
 from rollout_server.registry import TOKEN_BYTES, _TokenSource
 from rollout_server.trajectory import (
-    make_artifacts_dir,
+    encode_json,
+    make_directory,
     write_json_atomic,
     write_rollout_files,
 )
@@ -73,10 +75,10 @@ class TestBatchOffloader:
             await kept
         assert ran == ["kept"]
 
-    async def test_a_slow_job_moves_later_jobs_to_a_worker_thread(self) -> None:
-        """After a job slower than ``slow_job_sec``, the jobs left and later batches run in
-        a worker thread, and still deliver their values."""
-        offloader = BatchOffloader(slow_job_sec=0.0, thread_mode_sec=3600.0)
+    async def test_a_stalled_job_moves_later_jobs_to_a_worker_thread(self) -> None:
+        """After a job slower than ``stall_sec``, the jobs left and later batches run in a
+        worker thread, and still deliver their values."""
+        offloader = BatchOffloader(stall_sec=0.0, thread_mode_sec=3600.0)
         loop_thread = threading.get_ident()
         first = offloader.submit(threading.get_ident)
         rest = offloader.submit(threading.get_ident)
@@ -89,6 +91,64 @@ class TestBatchOffloader:
             assert await later != loop_thread
             with pytest.raises(ZeroDivisionError):
                 await failing
+
+    async def test_a_hung_thread_batch_fails_its_futures_with_timeout(self) -> None:
+        """A batch in a worker thread that outlives ``thread_timeout_sec`` fails its
+        unfinished futures with TimeoutError; the thread finishes on its own later."""
+        offloader = BatchOffloader(stall_sec=0.0, thread_mode_sec=3600.0, thread_timeout_sec=0.05)
+        release = threading.Event()
+        finished = threading.Event()
+
+        def hung() -> str:
+            release.wait(timeout=WAIT_SEC)
+            finished.set()
+            return "late"
+
+        async with asyncio.timeout(WAIT_SEC):
+            await offloader.submit(lambda: None)  # switches to thread mode
+            assert offloader.in_thread_mode
+            with pytest.raises(TimeoutError, match=r"did not finish within 0\.05 s"):
+                await offloader.submit(hung)
+            release.set()
+            await asyncio.to_thread(finished.wait, WAIT_SEC)
+        assert finished.is_set()
+
+    async def test_only_a_majority_of_slow_jobs_moves_to_threads(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Jobs that are slow now and then (a preempted process) stay on the loop; once
+        more than half of the last 16 are slow, jobs move to a worker thread. Durations
+        come from a fake clock that each job advances."""
+        now = [0.0]
+        monkeypatch.setattr(_offload.time, "perf_counter", lambda: now[0])
+        offloader = BatchOffloader(
+            slow_job_sec=0.002, stall_sec=0.1, thread_mode_sec=3600.0, turn_budget_sec=3600.0
+        )
+
+        def taking(seconds: float) -> Callable[[], int]:
+            def job() -> int:
+                now[0] += seconds
+                return threading.get_ident()
+
+            return job
+
+        loop_thread = threading.get_ident()
+        async with asyncio.timeout(WAIT_SEC):
+            # Every fourth job 50 ms (slow, under the stall bound): 4 of every 16.
+            occasional = [offloader.submit(taking(0.05 if n % 4 == 0 else 0.0)) for n in range(64)]
+            assert set(await asyncio.gather(*occasional)) == {loop_thread}
+            assert not offloader.in_thread_mode
+            # Sixteen fast jobs, then eight slow ones: 8 of the last 16, not more than half...
+            fast_then_slow = [offloader.submit(taking(0.0)) for _ in range(16)]
+            fast_then_slow += [offloader.submit(taking(0.005)) for _ in range(8)]
+            assert set(await asyncio.gather(*fast_then_slow)) == {loop_thread}
+            assert not offloader.in_thread_mode
+            # ...the ninth makes 9 of 16: the rest go to a worker thread.
+            ninth = offloader.submit(taking(0.005))
+            after = offloader.submit(taking(0.0))
+            assert await ninth == loop_thread
+            assert offloader.in_thread_mode
+            assert await after != loop_thread
 
     async def test_turn_budget_leaves_the_rest_to_later_turns(self) -> None:
         """With no time budget, one job runs per turn and all of them finish, in order."""
@@ -226,7 +286,7 @@ class TestFileWrites:
         """The written file decodes to the document, ends with a newline, is readable by
         its owner only, and no temporary file is left."""
         target = tmp_path / "doc.json"
-        write_json_atomic(target, {"a": "é", "b": [1, 2]})
+        write_json_atomic(target, encode_json({"a": "é", "b": [1, 2]}, "doc"))
         text = target.read_text(encoding="utf-8")
         assert json.loads(text) == {"a": "é", "b": [1, 2]}
         assert text.endswith("\n")
@@ -245,7 +305,7 @@ class TestFileWrites:
         monkeypatch.setattr(trajectory, "_TEMP_SEQUENCE", itertools.count(7))
         leftover = tmp_path / f".doc.json.{os.getpid()}.7.tmp"
         leftover.write_text("stale")
-        write_json_atomic(tmp_path / "doc.json", {"ok": True})
+        write_json_atomic(tmp_path / "doc.json", b'{"ok":true}\n')
         assert json.loads((tmp_path / "doc.json").read_text()) == {"ok": True}
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["doc.json", leftover.name])
 
@@ -258,23 +318,55 @@ class TestFileWrites:
             "workflow_error": {"message": "m"}
         }
 
-    @pytest.mark.parametrize("existing", ["none", "root-missing", "rollout-dir", "both"])
-    def test_make_artifacts_dir(self, tmp_path: Path, existing: str) -> None:
-        """The artifacts directory is made whatever part of its path already exists."""
+    def test_encode_json_is_compact_strict_json(self, caplog: pytest.LogCaptureFixture) -> None:
+        """A clean document encodes as compact UTF-8 JSON with a final newline, tuples as
+        lists, and nothing logged."""
+        with caplog.at_level(logging.WARNING):
+            data = encode_json({"a": "é", "b": (1, 2.5), "c": None}, "doc")
+        assert data == '{"a":"é","b":[1,2.5],"c":null}\n'.encode()
+        assert caplog.records == []
+
+    def test_encode_json_fits_what_json_cannot_hold(self, caplog: pytest.LogCaptureFixture) -> None:
+        """NaN, objects and lone surrogates are dropped or replaced (fit_json), and one
+        WARNING names the document, its owner and every dropped path."""
+        document = {"ok": 1, "nan": float("nan"), "obj": object(), "text": "a\ud800b"}
+        with caplog.at_level(logging.WARNING):
+            data = encode_json(document, "trajectory", "rollout r1")
+        assert json.loads(data) == {"ok": 1, "text": "a?b"}
+        (record,) = caplog.records
+        message = record.getMessage()
+        assert message.startswith("Trajectory of rollout r1: dropped values")
+        assert "trajectory.nan" in message
+        assert "trajectory.obj" in message
+
+    def test_failed_write_leaves_no_temporary(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """When the final rename fails, the error propagates and the temporary is removed."""
+
+        def refuse(_src: str, _dst: object) -> None:
+            raise PermissionError("read-only")
+
+        monkeypatch.setattr(os, "replace", refuse)
+        with pytest.raises(PermissionError):
+            write_json_atomic(tmp_path / "doc.json", b"{}\n")
+        assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize("existing", ["none", "root-missing", "exists"])
+    def test_make_directory(self, tmp_path: Path, existing: str) -> None:
+        """The directory is made whatever part of its path already exists."""
         root = tmp_path / "root" if existing == "root-missing" else tmp_path
-        path = root / "r1" / "artifacts"
-        if existing in ("rollout-dir", "both"):
-            path.parent.mkdir(parents=True)
-        if existing == "both":
+        path = root / "r1"
+        if existing == "exists":
             path.mkdir()
-        make_artifacts_dir(path)
+        make_directory(path)
         assert path.is_dir()
 
-    def test_make_artifacts_dir_reports_a_file_in_the_way(self, tmp_path: Path) -> None:
-        """A file where a directory should be is an OSError."""
+    def test_make_directory_reports_a_file_in_the_way(self, tmp_path: Path) -> None:
+        """A file where the directory should be is an OSError."""
         (tmp_path / "r1").write_text("not a directory")
         with pytest.raises(OSError):
-            make_artifacts_dir(tmp_path / "r1" / "artifacts")
+            make_directory(tmp_path / "r1")
 
 
 def _record(message: str) -> logging.LogRecord:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,7 +33,6 @@ from rollout_server import (
 )
 from rollout_server import local_backend as local_backend_module
 from rollout_server.context import bind_rollout_context
-from rollout_server.local_backend import reported_result
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
 WAIT_SEC = 5.0
@@ -290,7 +291,7 @@ class TestOutcomes:
         assert outcome.workflow.status == RolloutStatus.SUCCESS
         assert outcome.grader is not None
         assert outcome.grader.status == RolloutStatus.SUCCESS
-        sample = reported_result(outcome).sample
+        sample = outcome.reported().sample
         assert sample is not None
         assert (sample.reward, sample.label, sample.remove_sample) == (0.5, "42", False)
         assert sample.messages == [*PROMPT, ANSWER]
@@ -301,7 +302,7 @@ class TestOutcomes:
         """A grader that removes the sample succeeds with the flag set (the wire nulls the
         reward)."""
         backend = backend_for(tmp_path, AnswerWorkflow, grader=RemovingGrader)
-        result = reported_result(await backend.execute(make_request()))
+        result = (await backend.execute(make_request())).reported()
         assert result.status == RolloutStatus.SUCCESS
         assert result.sample is not None
         assert (result.sample.remove_sample, result.sample.reward) == (True, 0.7)
@@ -309,7 +310,7 @@ class TestOutcomes:
     async def test_grader_sets_no_reward(self, tmp_path: Path) -> None:
         """A grader that sets no reward fails validation and keeps the unrewarded sample."""
         backend = backend_for(tmp_path, AnswerWorkflow, grader=SilentGrader)
-        result = reported_result(await backend.execute(make_request()))
+        result = (await backend.execute(make_request())).reported()
         assert_failure(
             result, "Sample has no reward after grading", RolloutErrorCategory.VALIDATION_ERROR
         )
@@ -358,14 +359,14 @@ class TestOutcomes:
         assert outcome.workflow.status == RolloutStatus.SUCCESS
         assert outcome.grader is not None
         assert outcome.grader.sample is None
-        assert_failure(reported_result(outcome), None, None)
-        assert reported_result(outcome).sample is None
+        assert_failure(outcome.reported(), None, None)
+        assert outcome.reported().sample is None
         assert statuses.seen == [RolloutStatus.RUNNING]
 
     async def test_empty_metadata_counts_as_present(self, tmp_path: Path) -> None:
         """metadata {} without a label still enables grading."""
         backend = backend_for(tmp_path, AnswerWorkflow, grader=ContextGrader)
-        result = reported_result(await backend.execute(make_request(label=None, metadata={})))
+        result = (await backend.execute(make_request(label=None, metadata={}))).reported()
         assert result.status == RolloutStatus.SUCCESS
         assert ContextGrader.seen["r1"]["label"] is None
         assert ContextGrader.seen["r1"]["metadata"] == {}
@@ -375,15 +376,15 @@ class TestOutcomes:
         backend = backend_for(tmp_path, AnswerWorkflow)
         outcome = await backend.execute(make_request())
         assert outcome.workflow.status == RolloutStatus.SUCCESS
-        assert_failure(reported_result(outcome), None, None)
-        assert reported_result(outcome).sample is None
+        assert_failure(outcome.reported(), None, None)
+        assert outcome.reported().sample is None
 
     async def test_no_grader_grade_false(self, tmp_path: Path) -> None:
         """Without a grader, an ungraded request succeeds with the sample and no reward."""
         backend = backend_for(tmp_path, AnswerWorkflow)
         outcome = await backend.execute(make_request(grade=False))
         assert outcome.grader is None
-        result = reported_result(outcome)
+        result = outcome.reported()
         assert result.status == RolloutStatus.SUCCESS
         assert result.sample is not None
         assert result.sample.reward is None
@@ -399,7 +400,7 @@ class TestOutcomes:
     async def test_grader_raises(self, tmp_path: Path) -> None:
         """A raising grader fails the rollout with the workflow's sample attached."""
         backend = backend_for(tmp_path, AnswerWorkflow, grader=RaisingGrader)
-        result = reported_result(await backend.execute(make_request()))
+        result = (await backend.execute(make_request())).reported()
         assert_failure(result, "grader broke", RolloutErrorCategory.AGENT_ERROR)
         assert result.sample is not None
         assert result.sample.messages == [*PROMPT, ANSWER]
@@ -409,7 +410,7 @@ class TestReturnValues:
     async def test_bare_message_list(self, tmp_path: Path) -> None:
         """A bare message list becomes the sample's messages."""
         backend = backend_for(tmp_path, ListWorkflow, grader=HalfGrader)
-        result = reported_result(await backend.execute(make_request()))
+        result = (await backend.execute(make_request())).reported()
         assert result.sample is not None
         assert result.sample.messages == [*PROMPT, ANSWER]
         assert result.sample.reward == 0.5
@@ -418,7 +419,7 @@ class TestReturnValues:
         """run() returning None takes the registered source's sample, labelled from the
         request."""
         backend = backend_for(tmp_path, SourceWorkflow, grader=HalfGrader)
-        result = reported_result(await backend.execute(make_request()))
+        result = (await backend.execute(make_request())).reported()
         assert result.status == RolloutStatus.SUCCESS
         assert result.sample is not None
         assert result.sample.label == "42"
@@ -437,7 +438,7 @@ class TestReturnValues:
                 get_rollout_context().register_sample_source(source)
 
         backend = backend_for(tmp_path, AsyncSourceWorkflow, grader=HalfGrader)
-        result = reported_result(await backend.execute(make_request()))
+        result = (await backend.execute(make_request())).reported()
         assert result.status == RolloutStatus.SUCCESS
         assert result.sample is not None
         assert (result.sample.messages, result.sample.reward) == ([*PROMPT, ANSWER], 0.5)
@@ -467,7 +468,7 @@ class TestReturnValues:
         assert outcome.workflow.status == RolloutStatus.SUCCESS
         assert outcome.workflow.sample is None
         assert_failure(
-            reported_result(outcome),
+            outcome.reported(),
             "GraderContext has no sample to reward",
             RolloutErrorCategory.VALIDATION_ERROR,
         )
@@ -475,7 +476,7 @@ class TestReturnValues:
     async def test_no_sample_and_a_silent_grader(self, tmp_path: Path) -> None:
         """A grader that leaves a missing sample alone fails with 'No sample to grade.'."""
         backend = backend_for(tmp_path, NoMessagesWorkflow, grader=SilentGrader)
-        result = reported_result(await backend.execute(make_request()))
+        result = (await backend.execute(make_request())).reported()
         assert result.status == RolloutStatus.FAILURE
         assert result.err_message is not None
         assert result.err_message.startswith("No sample to grade.")
@@ -484,7 +485,7 @@ class TestReturnValues:
     async def test_no_sample_ungraded(self, tmp_path: Path) -> None:
         """An ungraded rollout without a sample succeeds with no sample."""
         backend = backend_for(tmp_path, NoneWorkflow)
-        result = reported_result(await backend.execute(make_request(grade=False)))
+        result = (await backend.execute(make_request(grade=False))).reported()
         assert result.status == RolloutStatus.SUCCESS
         assert result.sample is None
 
@@ -523,7 +524,7 @@ class TestContexts:
             grader_config=grader_config,
         )
         outcome = await backend.execute(request)
-        assert reported_result(outcome).status == RolloutStatus.SUCCESS
+        assert outcome.reported().status == RolloutStatus.SUCCESS
         seen = ContextWorkflow.seen["r1"]
         assert seen["url"] == "http://127.0.0.1:9/v1"
         assert seen["key"] == "sk-test"
@@ -586,6 +587,52 @@ class TestContexts:
         assert seen == [None]
         assert "after 3 attempts" in caplog.text
         assert "cannot save the trajectory" in caplog.text
+
+    async def test_artifacts_dir_is_made_when_first_read(self, tmp_path: Path) -> None:
+        """A workflow that never reads ctx.artifacts_dir leaves no artifacts directory; a
+        grader that reads it later gets it made then."""
+        seen: list[Any] = []
+
+        class Reader(Grader):
+            async def grade(self, ctx: GraderContext) -> None:
+                seen.append((tmp_path / "r1" / "artifacts").exists())
+                seen.append(ctx.artifacts_dir)
+                ctx.set_reward(1.0)
+
+        outcome = await backend_for(tmp_path, AnswerWorkflow, grader=Reader).execute(make_request())
+        assert outcome.reported().status == RolloutStatus.SUCCESS
+        assert seen == [False, tmp_path / "r1" / "artifacts"]
+        assert (tmp_path / "r1" / "artifacts").is_dir()
+
+    async def test_artifacts_dir_that_cannot_be_made_is_none(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """When ``artifacts/`` cannot be made inside the rollout directory (a file is in the
+        way), the workflow and the grader both get None, one WARNING says why, and the
+        rollout and its trajectory are unaffected."""
+        (tmp_path / "r1").mkdir()
+        (tmp_path / "r1" / "artifacts").write_text("in the way")
+        seen: list[Any] = []
+
+        class Probe(AgentWorkflow):
+            async def run(self, ctx: WorkflowContext) -> list[dict[str, Any]]:
+                seen.extend([ctx.artifacts_dir, ctx.artifacts_dir])
+                return [ANSWER]
+
+        class Reader(Grader):
+            async def grade(self, ctx: GraderContext) -> None:
+                seen.append(ctx.artifacts_dir)
+                ctx.set_reward(1.0)
+
+        backend = backend_for(tmp_path, Probe, grader=Reader)
+        with caplog.at_level(logging.WARNING, logger="rollout_server"):
+            outcome = await backend.execute(make_request())
+        assert outcome.reported().status == RolloutStatus.SUCCESS
+        assert seen == [None, None, None]
+        warnings = [r for r in caplog.records if "artifacts directory" in r.getMessage()]
+        assert len(warnings) == 1
+        assert str(tmp_path / "r1" / "artifacts") in warnings[0].getMessage()
+        assert read_trajectory(tmp_path, "r1")["status"] == "success"
 
 
 class TestDeadlines:
@@ -714,7 +761,7 @@ class TestDeadlines:
         """A grader past its deadline fails as timeout, keeping the sample (reward as set)."""
         backend = backend_for(tmp_path, AnswerWorkflow, grader=BlockingGrader)
         outcome = await backend.execute(make_request(grader_timeout_sec=0.5))
-        result = reported_result(outcome)
+        result = outcome.reported()
         assert_failure(result, "grader exceeded its 0.5s deadline", RolloutErrorCategory.TIMEOUT)
         assert result.sample is not None
         assert result.sample.reward == 0.25
@@ -722,13 +769,13 @@ class TestDeadlines:
     async def test_grader_swallowing_its_deadline(self, tmp_path: Path) -> None:
         """A grader that swallows its deadline and returns is still a timeout."""
         backend = backend_for(tmp_path, AnswerWorkflow, grader=SwallowingGrader)
-        result = reported_result(await backend.execute(make_request(grader_timeout_sec=0.3)))
+        result = (await backend.execute(make_request(grader_timeout_sec=0.3))).reported()
         assert_failure(result, "grader exceeded its 0.3s deadline", RolloutErrorCategory.TIMEOUT)
 
     async def test_expired_grader_budget(self, tmp_path: Path) -> None:
         """A grader budget of zero or less expires at once."""
         backend = backend_for(tmp_path, AnswerWorkflow, grader=HalfGrader)
-        result = reported_result(await backend.execute(make_request(grader_timeout_sec=-1)))
+        result = (await backend.execute(make_request(grader_timeout_sec=-1))).reported()
         assert_failure(result, "grader exceeded its -1.0s deadline", RolloutErrorCategory.TIMEOUT)
 
     async def test_grader_budget_is_separate(self, tmp_path: Path) -> None:
@@ -740,9 +787,9 @@ class TestDeadlines:
                 ctx.set_reward(1.0)
 
         backend = backend_for(tmp_path, AnswerWorkflow, grader=SlowGrader)
-        result = reported_result(
+        result = (
             await backend.execute(make_request(agent_timeout_sec=0.2, grader_timeout_sec=5.0))
-        )
+        ).reported()
         assert result.status == RolloutStatus.SUCCESS
 
 
@@ -985,12 +1032,10 @@ class TestTrajectory:
         assert set(doc["timings"]) == {"queued_sec", "workflow_sec", "grader_sec", "total_sec"}
         assert all(isinstance(v, float) for v in doc["timings"].values())
         assert doc["writer"]["name"] == "rollout-server"
-        assert reported_result(outcome).sample is not None
+        assert outcome.reported().sample is not None
         assert not (tmp_path / "r1" / "diagnostics.json").exists()
-        assert listing(tmp_path / "r1") == [
-            "artifacts",
-            "trajectory.json",
-        ]
+        # Neither the workflow nor the grader read ctx.artifacts_dir: none was made.
+        assert listing(tmp_path / "r1") == ["trajectory.json"]
 
     async def test_failure_keeps_reward_and_writes_diagnostics(self, tmp_path: Path) -> None:
         """A failed grading saves the original reward, the reported error and a traceback."""
@@ -1029,7 +1074,7 @@ class TestTrajectory:
 
         backend = backend_for(tmp_path, Odd, grader=HalfGrader)
         outcome = await backend.execute(make_request())
-        assert reported_result(outcome).status == RolloutStatus.SUCCESS
+        assert outcome.reported().status == RolloutStatus.SUCCESS
         doc = read_trajectory(tmp_path, "r1")
         assert doc["metrics"] == {"ok": 1}
         assert doc["messages"] == [{"role": "assistant"}]
@@ -1048,8 +1093,36 @@ class TestTrajectory:
         with caplog.at_level(logging.WARNING, logger="rollout_server"):
             outcome = await backend.execute(make_request())
         assert isinstance(outcome, ExecutionOutcome)
-        assert reported_result(outcome).status == RolloutStatus.SUCCESS
+        assert outcome.reported().status == RolloutStatus.SUCCESS
         assert "cannot save the trajectory: disk full" in caplog.text
+
+    async def test_a_hung_write_is_bounded(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """When file jobs run in a worker thread and the trajectory write hangs, the
+        outcome is returned once FILE_JOB_TIMEOUT_SEC has passed, with a WARNING."""
+        monkeypatch.setattr(local_backend_module, "FILE_JOB_TIMEOUT_SEC", 0.05)
+        # Every job counts as stalled: file jobs run in a worker thread from the first on.
+        monkeypatch.setattr(
+            local_backend_module,
+            "BatchOffloader",
+            functools.partial(local_backend_module.BatchOffloader, stall_sec=0.0),
+        )
+        release = threading.Event()
+
+        def hung(*_args: Any) -> None:
+            release.wait(timeout=30)
+
+        monkeypatch.setattr(local_backend_module, "write_rollout_files", hung)
+        backend = backend_for(tmp_path, AnswerWorkflow, grader=HalfGrader)
+        try:
+            with caplog.at_level(logging.WARNING, logger="rollout_server"):
+                async with asyncio.timeout(30):
+                    outcome = await backend.execute(make_request())
+        finally:
+            release.set()
+        assert outcome.reported().status == RolloutStatus.SUCCESS
+        assert "cannot save the trajectory: the file job did not finish" in caplog.text
 
     async def test_unsafe_id_skips_files(self, tmp_path: Path) -> None:
         """An id that is not one path segment gets no directory and no trajectory."""

@@ -172,6 +172,42 @@ class TestConfigs:
         assert config.concurrency == ConcurrencyConfig(max_concurrent=None)
         assert config.extra == {}
 
+    def test_deep_copy_shares_only_immutable_values(self) -> None:
+        """A deep copy equals the original; nested mutable settings (in ``extra`` or in a
+        subclass's own fields) are copies, while strings and the frozen concurrency are
+        shared."""
+
+        @attrs.frozen(kw_only=True)
+        class ToolConfig(AgentWorkflowConfig):
+            tools: list[str] = attrs.field(factory=list)
+
+        config = ToolConfig.from_mapping(
+            {"name": "w", "tools": ["calc"], "limits": {"turns": [1, 2]}, "model": "m"}
+        )
+        copied = copy.deepcopy(config)
+        assert copied == config
+        assert copied is not config
+        assert copied.tools is not config.tools
+        assert copied.extra["limits"]["turns"] is not config.extra["limits"]["turns"]
+        assert copied.concurrency is config.concurrency
+        assert copied.name is config.name
+        empty = AgentWorkflowConfig(name="e")
+        assert copy.deepcopy(empty).extra is not empty.extra
+
+    def test_deep_copy_of_a_subclass_without_slots(self) -> None:
+        """A config subclass without slots keeps (copies of) its instance attributes."""
+
+        @attrs.frozen(kw_only=True, slots=False)
+        class Loose(AgentWorkflowConfig):
+            pass
+
+        config = Loose.from_mapping({"name": "w", "model": "m"})
+        object.__setattr__(config, "cache", [1])
+        copied = copy.deepcopy(config)
+        assert copied == config
+        assert copied.cache == [1]
+        assert copied.cache is not config.cache
+
     def test_from_mapping_keeps_extra_keys(self) -> None:
         """Unknown keys of a mapping land in ``extra`` and read back with ``get``."""
         config = AgentWorkflowConfig.from_mapping(
@@ -494,10 +530,46 @@ class TestArtifactRoot:
         )
 
     def test_atomic_write_leaves_no_temporary_file(self, tmp_path: Path) -> None:
-        """An atomic write leaves only the target; a failed encode leaves nothing."""
+        """An atomic write leaves only the target."""
         target = tmp_path / "doc.json"
-        write_json_atomic(target, {"a": 1})
+        write_json_atomic(target, b'{"a":1}\n')
         assert json.loads(target.read_text()) == {"a": 1}
-        with pytest.raises(ValueError):
-            write_json_atomic(tmp_path / "bad.json", {"a": float("nan")})
         assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.json"]
+
+
+class TestCopies:
+    def test_json_values_are_copied_deeply(self) -> None:
+        """Nested dicts and lists are new objects with equal content; scalars are kept;
+        other objects inside are deep-copied."""
+        from rollout_server.local_backend import _copy_json
+
+        class Box:
+            def __init__(self) -> None:
+                self.items = [1]
+
+        value = {"a": [{"b": "c", "n": 1.5}], "box": Box(), "t": (1, [2])}
+        copied = _copy_json(value)
+        assert copied["a"] == value["a"]
+        assert copied["a"] is not value["a"]
+        assert copied["a"][0] is not value["a"][0]
+        assert copied["box"] is not value["box"]
+        assert copied["box"].items == [1]
+        assert copied["t"] == (1, [2])
+        assert copied["t"][1] is not value["t"][1]
+
+    def test_snapshot_of_cyclic_and_uncopyable_messages(self) -> None:
+        """A message list with a cycle is deep-copied with the cycle kept; one holding
+        something that cannot be copied gets a shallow snapshot."""
+        import threading
+
+        from rollout_server.local_backend import _snapshot
+
+        cyclic: dict[str, Any] = {"role": "user"}
+        cyclic["self"] = cyclic
+        (copied,) = _snapshot([cyclic])
+        assert copied is not cyclic
+        assert copied["self"] is copied
+        lock_message = {"role": "tool", "lock": threading.Lock()}
+        (shallow,) = _snapshot([lock_message])
+        assert shallow is not lock_message
+        assert shallow["lock"] is lock_message["lock"]

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
+from ._version import VERSION
 from .client import RolloutClient
 from .errors import (
     RolloutAdmissionTimeoutError,
@@ -13,10 +12,7 @@ from .errors import (
 )
 from .handle import RolloutHandle
 
-try:
-    __version__ = version("rollout-client")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+__version__ = VERSION
 
 __all__ = [
     "RolloutAdmissionTimeoutError",

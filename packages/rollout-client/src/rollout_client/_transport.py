@@ -45,6 +45,7 @@ from rollout_types import (
     protocol_compatible,
 )
 
+from ._version import USER_AGENT
 from .errors import RolloutProtocolVersionError
 
 __all__ = [
@@ -140,6 +141,11 @@ def make_session() -> aiohttp.ClientSession:
 
     A caller-owned session keeps aiohttp's own behaviour of replaying an idempotent request
     (the result poll) once, immediately, when its connection drops.
+
+    Requests carry ``User-Agent: rollout-client/<version>`` and neither ``Accept`` nor
+    ``Accept-Encoding`` (the protocol's bodies are small JSON, never compressed): a server
+    keeps every header of each waiting long poll, about 0.3 KiB per header per rollout
+    in flight.
     """
     connector = aiohttp.TCPConnector(
         limit=0, limit_per_host=0, keepalive_timeout=CONNECTOR_KEEPALIVE_SEC
@@ -148,6 +154,8 @@ def make_session() -> aiohttp.ClientSession:
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None),
         trust_env=False,
+        headers={"User-Agent": USER_AGENT},
+        skip_auto_headers=("Accept", "Accept-Encoding"),
     )
     # aiohttp silently replays an idempotent request once when its connection drops; the
     # result poll has its own documented schedule (0.1 s, 0.5 s), so turn that off here.

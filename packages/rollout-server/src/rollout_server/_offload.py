@@ -10,15 +10,24 @@ submitted during one event-loop turn and, at the end of the turn:
 * runs them on the loop itself while the file system is fast, for at most
   ``turn_budget_sec`` per turn (the rest waits for the next turn, so network work keeps
   flowing);
-* once jobs have become slow (a moving mean of their duration above ``slow_job_sec``: a
-  slow or network file system, not one hiccup of a local disk), runs every batch in a
-  worker thread of the loop's default executor instead, for ``thread_mode_sec``, then
-  tries the loop again.
+* once jobs have become slow (most of the last 16 slower than ``slow_job_sec``, or one
+  slower than ``stall_sec``: a slow or network file system), runs every batch in a worker
+  thread of the loop's default executor instead, for ``thread_mode_sec``, then tries the
+  loop again. A batch in a thread that has not finished after ``thread_timeout_sec``
+  fails its jobs' futures with :class:`TimeoutError` (the thread goes on): one timer per
+  batch bounds every wait, where a timeout per caller would cost a timer per job.
+
+A job's duration is wall time, so a job during which the process was preempted looks
+slow; on a busy machine that happens to single jobs all the time. Hence a majority of
+recent jobs, not a mean that one preemption of tens of milliseconds would tip over (with
+a moving mean, a third of the benchmark's runs moved to threads for no reason, costing
+a fifth of the server's CPU).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -26,20 +35,30 @@ from typing import Any, Final, TypeVar
 
 __all__ = [
     "DEFAULT_SLOW_JOB_SEC",
+    "DEFAULT_STALL_SEC",
     "DEFAULT_THREAD_MODE_SEC",
+    "DEFAULT_THREAD_TIMEOUT_SEC",
     "DEFAULT_TURN_BUDGET_SEC",
+    "RECENT_JOBS",
     "BatchOffloader",
 ]
 
 DEFAULT_SLOW_JOB_SEC: Final = 0.002
-"""When the moving mean of job durations on the loop exceeds this (seconds), jobs move to a
-worker thread. A local disk takes tens of microseconds per job."""
+"""A job on the loop slower than this (seconds) counts as slow; when most recent jobs are,
+jobs move to a worker thread. A local disk takes tens of microseconds per job."""
 
-MEAN_WEIGHT: Final = 0.1
-"""Weight of the newest job in the moving mean of job durations."""
+DEFAULT_STALL_SEC: Final = 0.1
+"""One job on the loop slower than this (seconds) moves jobs to a worker thread at once."""
+
+RECENT_JOBS: Final = 16
+"""How many of the latest jobs on the loop the majority rule looks at."""
 
 DEFAULT_THREAD_MODE_SEC: Final = 10.0
 """How long (seconds) jobs stay in worker threads after a slow one."""
+
+DEFAULT_THREAD_TIMEOUT_SEC: Final = 10.0
+"""How long (seconds) the jobs of a batch in a worker thread may take before their futures
+fail with TimeoutError."""
 
 DEFAULT_TURN_BUDGET_SEC: Final = 0.005
 """Most loop time (seconds) one turn spends on jobs before leaving the rest to the next."""
@@ -85,6 +104,19 @@ def _settle(batch: list[_Job], done: asyncio.Future[list[tuple[bool, Any]]]) -> 
         _settle_one(fut, ok, value)
 
 
+def _expire(batch: list[_Job], timeout_sec: float) -> None:
+    """Fail the futures of a thread batch's unfinished jobs (the thread goes on)."""
+    for _job, fut in batch:
+        _settle_one(
+            fut,
+            False,
+            TimeoutError(
+                f"the file job did not finish within {timeout_sec:g} s in a worker thread "
+                "(a slow or hung file system); it goes on there, its outcome unreported"
+            ),
+        )
+
+
 class BatchOffloader:
     """Run short blocking jobs of one event loop in batches, on the loop or in a thread.
 
@@ -93,27 +125,39 @@ class BatchOffloader:
     system calls, not computation.
 
     Args:
-        slow_job_sec: When the moving mean of job durations on the loop (weight 0.1 for
-            the newest) exceeds this many seconds, jobs switch to worker threads.
-        thread_mode_sec: How long batches then run in worker threads.
-        turn_budget_sec: Loop time one turn may spend on jobs; the rest is left to the
-            next turn.
+        slow_job_sec: A job on the loop slower than this many seconds is slow; when more
+            than half of the last :data:`RECENT_JOBS` were, jobs switch to worker threads.
+            Default 0.002.
+        stall_sec: One job on the loop slower than this many seconds switches jobs to
+            worker threads at once. Default 0.1.
+        thread_mode_sec: How long (seconds) batches then run in worker threads; default
+            10.
+        thread_timeout_sec: How long (seconds) a batch in a worker thread may run before
+            the futures of its unfinished jobs fail with :class:`TimeoutError`; default 10.
+        turn_budget_sec: Loop time (seconds) one turn may spend on jobs; the rest is
+            left to the next turn. Default 0.005.
     """
 
     def __init__(
         self,
         *,
         slow_job_sec: float = DEFAULT_SLOW_JOB_SEC,
+        stall_sec: float = DEFAULT_STALL_SEC,
         thread_mode_sec: float = DEFAULT_THREAD_MODE_SEC,
+        thread_timeout_sec: float = DEFAULT_THREAD_TIMEOUT_SEC,
         turn_budget_sec: float = DEFAULT_TURN_BUDGET_SEC,
     ) -> None:
         self._slow_job_sec = slow_job_sec
+        self._stall_sec = stall_sec
         self._thread_mode_sec = thread_mode_sec
+        self._thread_timeout_sec = thread_timeout_sec
         self._turn_budget_sec = turn_budget_sec
         self._pending: list[_Job] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads_until = -1.0
-        self._mean_job_sec = 0.0
+        # Whether each of the latest jobs on the loop was slow, and how many were.
+        self._recent: collections.deque[bool] = collections.deque(maxlen=RECENT_JOBS)
+        self._slow_count = 0
 
     @property
     def in_thread_mode(self) -> bool:
@@ -129,7 +173,8 @@ class BatchOffloader:
         Returns:
             A future of the running loop with the job's return value or exception.
             Cancelling it does not stop a job already running; its outcome is then
-            dropped.
+            dropped. It fails with :class:`TimeoutError` when the job ran in a worker
+            thread and its batch took longer than ``thread_timeout_sec``.
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[_T] = loop.create_future()
@@ -149,8 +194,9 @@ class BatchOffloader:
             if time.monotonic() < self._threads_until:
                 self._to_thread(loop)
                 return
-            self._threads_until = -1.0  # try the loop again, with a fresh mean
-            self._mean_job_sec = 0.0
+            self._threads_until = -1.0  # try the loop again, with a fresh record
+            self._recent.clear()
+            self._slow_count = 0
         self._run_here(loop)
 
     def _to_thread(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -163,7 +209,13 @@ class BatchOffloader:
             for _job, fut in batch:
                 _settle_one(fut, False, exc)
             return
-        done.add_done_callback(lambda finished: _settle(batch, finished))
+        timer = loop.call_later(self._thread_timeout_sec, _expire, batch, self._thread_timeout_sec)
+
+        def settle(finished: asyncio.Future[list[tuple[bool, Any]]]) -> None:
+            timer.cancel()
+            _settle(batch, finished)
+
+        done.add_done_callback(settle)
 
     def _run_here(self, loop: asyncio.AbstractEventLoop) -> None:
         pending = self._pending
@@ -171,7 +223,7 @@ class BatchOffloader:
         start = clock()
         turn_end = start + self._turn_budget_sec
         ran = 0
-        mean = self._mean_job_sec
+        recent = self._recent
         try:
             for job, fut in pending:
                 ran += 1
@@ -185,20 +237,27 @@ class BatchOffloader:
                 else:
                     _settle_one(fut, True, value)
                 ended = clock()
-                mean += MEAN_WEIGHT * (ended - began - mean)
-                if mean > self._slow_job_sec:
+                took = ended - began
+                slow = took > self._slow_job_sec
+                if len(recent) == RECENT_JOBS and recent[0]:
+                    self._slow_count -= 1
+                recent.append(slow)
+                self._slow_count += slow
+                if took > self._stall_sec or self._slow_count * 2 > RECENT_JOBS:
                     self._threads_until = time.monotonic() + self._thread_mode_sec
                     logger.info(
-                        "File jobs are slow (%.1f ms each on average); running them in a "
-                        "worker thread for the next %.0f s",
-                        mean * 1000.0,
+                        "File jobs are slow (%d of the last %d took over %.1f ms; the latest "
+                        "%.1f ms); running them in a worker thread for the next %.0f s",
+                        self._slow_count,
+                        len(recent),
+                        self._slow_job_sec * 1000.0,
+                        took * 1000.0,
                         self._thread_mode_sec,
                     )
                     break
                 if ended >= turn_end:
                     break
         finally:
-            self._mean_job_sec = mean
             del pending[:ran]
         if pending:
             # Over budget, or the file system turned slow: the rest goes next turn.

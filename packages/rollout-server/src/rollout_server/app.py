@@ -35,7 +35,7 @@ from rollout_types import (
     is_terminal,
 )
 
-from ._execution import run_execution
+from ._execution import finish_execution, start_execution
 from .backend import ExecutionBackend, ExecutionRequest
 from .errors import ServerConfigError
 from .middleware import make_protocol_middleware
@@ -118,6 +118,7 @@ class RolloutServer:
             polling_lease_timeout_sec=polling_lease_timeout_sec,
             result_retention_sec=result_retention_sec,
             on_lease_expired=self._on_lease_expired,
+            on_task_done=self._on_task_done,
         )
         self._accepting = True
         self._expired: list[RolloutRecord] = []
@@ -151,7 +152,7 @@ class RolloutServer:
         backend = self.backend
         admitted_at = time.monotonic()
 
-        def execution(record: RolloutRecord) -> Any:
+        def start(record: RolloutRecord) -> asyncio.Task[Any]:
             request = ExecutionRequest(
                 id=init.rollout_id,
                 prompt=init.initial_messages,
@@ -166,7 +167,7 @@ class RolloutServer:
                 admitted_at=admitted_at,
                 on_status=_StatusSink(registry, record),
             )
-            return run_execution(
+            return start_execution(
                 registry=registry,
                 backend=backend,
                 record=record,
@@ -174,7 +175,7 @@ class RolloutServer:
                 process_id=self.process_id,
             )
 
-        _record, token = registry.register(init.rollout_id, execution)
+        _record, token = registry.register(init.rollout_id, start)
         return token
 
     # -- cancellation ---------------------------------------------------------------------
@@ -263,6 +264,9 @@ class RolloutServer:
             logger.exception("backend.rollout_status(%r) failed", record.rollout_id)
             return False
         return isinstance(state, Mapping) and is_terminal(str(state.get("status")))
+
+    def _on_task_done(self, record: RolloutRecord, task: asyncio.Task[Any]) -> None:
+        finish_execution(self.registry, record, task)
 
     def _on_lease_expired(self, record: RolloutRecord) -> None:
         # Batch the expiries of one loop turn into one cancellation request.

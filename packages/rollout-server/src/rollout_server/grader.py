@@ -11,6 +11,7 @@ from typing import Any
 import attrs
 
 from ._config import BaseConfig
+from ._lazydir import LazyDirectory, directory_repr, resolve_directory
 from .backend import Sample
 
 __all__ = ["Grader", "GraderConfig", "GraderContext"]
@@ -36,7 +37,8 @@ class GraderContext:
             changes it in place (through :meth:`set_reward`). None when the workflow
             produced none.
         metadata: The request's ``metadata``, or None.
-        artifacts_dir: The rollout's artifacts directory, or None.
+        artifacts_dir: The rollout's artifacts directory (created on first read, as for
+            the workflow), or None.
         project_path: Always None for LocalBackend (osmosis-ai compatibility).
     """
 
@@ -44,8 +46,16 @@ class GraderContext:
     label: str | None = None
     sample: Sample | None = None
     metadata: dict[str, Any] | None = None
-    artifacts_dir: Path | None = None
+    _artifacts_dir: Path | LazyDirectory | None = attrs.field(
+        default=None, alias="artifacts_dir", repr=directory_repr
+    )
     project_path: str | None = None
+
+    @property
+    def artifacts_dir(self) -> Path | None:
+        """The rollout's artifacts directory, created on first read; None when it cannot
+        be created (a WARNING says why)."""
+        return resolve_directory(self._artifacts_dir)
 
     def set_reward(self, reward: float) -> None:
         """Set the sample's reward.

@@ -4,8 +4,9 @@ One rollout, as :meth:`LocalBackend.execute` runs it (wire-protocol section 5.3)
 
 1. Wait for a concurrency slot (status ``queued``); the agent deadline already counts, and a
    rollout whose deadline passes in the queue fails as ``timeout`` without taking a slot.
-2. Holding the slot (status ``running``): create ``<artifact_root>/<id>/artifacts/`` and run
-   the workflow within what is left of ``agent_timeout_sec``.
+2. Holding the slot (status ``running``): create ``<artifact_root>/<id>/`` and run the
+   workflow within what is left of ``agent_timeout_sec`` (``artifacts/`` inside is created
+   when the workflow or grader first reads ``ctx.artifacts_dir``).
 3. Grade (status ``grading``) when ``grade`` is true, the workflow succeeded, a grader is
    configured and the request has a ``label`` or ``metadata``; within
    ``grader_timeout_sec``. The slot is held through grading.
@@ -37,6 +38,7 @@ from rollout_types import RolloutErrorCategory, RolloutStatus, is_single_path_se
 
 from ._config import BaseConfig
 from ._imports import resolve_import_string
+from ._lazydir import LazyDirectory
 from ._limiter import ConcurrencyLimiter
 from ._offload import BatchOffloader
 from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
@@ -47,7 +49,7 @@ from .trajectory import (
     ARTIFACTS_DIR_NAME,
     build_trajectory,
     default_artifact_root,
-    make_artifacts_dir,
+    make_directory,
     write_rollout_files,
 )
 from .workflow import AgentWorkflow, AgentWorkflowConfig, AgentWorkflowOutput, WorkflowContext
@@ -60,10 +62,12 @@ DEFAULT_MAX_CONCURRENT: Final = 4
 """Slot count of a LocalBackend built without a workflow config."""
 
 ARTIFACTS_DIR_RETRY_DELAYS_SEC: Final = (0.5, 1.0)
-"""Pauses between the 3 attempts to create a rollout's artifacts directory (as osmosis-ai)."""
+"""Pauses between the 3 attempts to create a rollout's directory (as osmosis-ai does for its
+artifacts directory)."""
 
-PERSIST_TIMEOUT_SEC: Final = 10.0
-"""Longest a rollout's result waits for its trajectory write; the write goes on after."""
+FILE_JOB_TIMEOUT_SEC: Final = 10.0
+"""Longest a rollout waits for one of its file jobs (its directory, its trajectory) when
+they run in a worker thread (a slow file system); the job goes on after."""
 
 SHUTDOWN_PERSIST_WAIT_SEC: Final = 10.0
 """Longest :meth:`LocalBackend.shutdown` waits for trajectory writes still in flight."""
@@ -78,6 +82,23 @@ _T = TypeVar("_T")
 _C = TypeVar("_C", bound=BaseConfig)
 
 
+class _Unbounded:
+    """Stands in for ``asyncio.timeout(None)``: never expires (stateless, so shared; a
+    Timeout object held per rollout in flight costs about 100 bytes)."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *_exc: object) -> None:
+        return None
+
+    def expired(self) -> bool:
+        return False
+
+
+_UNBOUNDED: Final = _Unbounded()
+
+
 @attrs.define(kw_only=True, eq=False)
 class _Run:
     """The mutable record of one rollout inside :meth:`LocalBackend.execute`."""
@@ -89,10 +110,9 @@ class _Run:
     queued_sec: float = 0.0
     workflow_sec: float | None = None
     grader_sec: float | None = None
-    # ``<root>/<id>/artifacts`` once a slot is held (whether or not it could be made); the
-    # rollout directory is its parent (one path object per rollout in flight, not two).
-    artifacts_path: Path | None = None
-    rollout_dir: Path | None = None
+    # ``<root>/<id>`` once a slot is held (whether or not it could be made); a string, as
+    # a Path object held per rollout in flight costs about 250 bytes.
+    rollout_dir: str | None = None
     workflow: ExecutionResult | None = None
     grader: ExecutionResult | None = None
     workflow_info: dict[str, Any] = attrs.Factory(dict)
@@ -165,18 +185,46 @@ def _resolve_config(value: Any, cls: type[_C], what: str) -> _C | None:
     return value
 
 
+_JSON_SCALARS: Final[tuple[type, ...]] = (str, int, float, bool, type(None))
+
+
+def _copy_json(value: Any) -> Any:
+    """A deep copy, several times faster than :func:`copy.deepcopy` for what JSON parsing
+    gives (plain dicts, lists and scalars); anything else inside is deep-copied.
+
+    Shared sub-objects become separate copies; a cycle raises RecursionError.
+    """
+    kind = type(value)
+    if kind is dict:
+        return {
+            key: item if type(item) in _JSON_SCALARS else _copy_json(item)
+            for key, item in value.items()
+        }
+    if kind is list:
+        return [item if type(item) in _JSON_SCALARS else _copy_json(item) for item in value]
+    if kind in _JSON_SCALARS:
+        return value
+    return copy.deepcopy(value)
+
+
 def _snapshot(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A deep copy of ``messages``; a shallow one when they hold something uncopyable."""
     try:
-        return copy.deepcopy(messages)
+        try:
+            copied: list[dict[str, Any]] = _copy_json(messages)
+        except RecursionError:  # a cycle (or very deep nesting): deepcopy keeps cycles
+            copied = copy.deepcopy(messages)
     except Exception:  # noqa: BLE001 - non-copyable content: a shallow snapshot will do
         return [dict(message) for message in messages]
+    return copied
 
 
 def _copy(value: _T) -> _T:
     try:
-        return copy.deepcopy(value)
+        copied: _T = _copy_json(value)
     except Exception:  # noqa: BLE001 - request values are JSON; keep the original otherwise
         return value
+    return copied
 
 
 def _deadline_message(phase: str, timeout_sec: float, queued_sec: float | None) -> str:
@@ -221,11 +269,6 @@ def _check_reward(sample: Sample | None) -> None:
         raise ValueError(f"Sample reward must be a finite number after grading; got {reward!r}")
     if not math.isfinite(reward):
         raise ValueError(f"Sample reward must be a finite number after grading; got {reward!r}")
-
-
-def reported_result(outcome: ExecutionOutcome) -> ExecutionResult:
-    """The result the server reports for ``outcome``: :meth:`ExecutionOutcome.reported`."""
-    return outcome.reported()
 
 
 class LocalBackend(ExecutionBackend):
@@ -308,7 +351,7 @@ class LocalBackend(ExecutionBackend):
         )
         self._mean_duration_sec: float | None = None
         self._background: set[asyncio.Future[None]] = set()
-        self._files = BatchOffloader()
+        self._files = BatchOffloader(thread_timeout_sec=FILE_JOB_TIMEOUT_SEC)
 
     @property
     def max_concurrent(self) -> int | None:
@@ -483,7 +526,9 @@ class LocalBackend(ExecutionBackend):
         finally:
             run.queued_sec = time.monotonic() - run.entered
 
-    async def _artifacts_dir(self, run: _Run) -> Path | None:
+    async def _artifacts_dir(self, run: _Run) -> LazyDirectory | None:
+        """Create the rollout directory (3 attempts, as osmosis-ai makes its artifacts
+        directory); its ``artifacts/`` is made when user code first reads it."""
         rollout_id = run.request.id
         if not is_single_path_segment(rollout_id):
             logger.warning(
@@ -492,11 +537,11 @@ class LocalBackend(ExecutionBackend):
                 rollout_id,
             )
             return None
-        path = run.artifacts_path = self._artifact_root / rollout_id / ARTIFACTS_DIR_NAME
+        path = run.rollout_dir = os.path.join(self._artifact_root, rollout_id)
         delays = (*ARTIFACTS_DIR_RETRY_DELAYS_SEC, None)
         for attempt, delay in enumerate(delays, start=1):
             try:
-                await self._files.submit(functools.partial(make_artifacts_dir, path))
+                await self._files.submit(functools.partial(make_directory, path))
             except OSError as exc:
                 if delay is None:
                     logger.warning(
@@ -510,11 +555,11 @@ class LocalBackend(ExecutionBackend):
                     return None
                 await asyncio.sleep(delay)
             else:
-                return path
+                return LazyDirectory(os.path.join(path, ARTIFACTS_DIR_NAME))
         return None  # pragma: no cover - the loop always returns
 
     async def _run_workflow(
-        self, run: _Run, ambient: RolloutContext, artifacts_dir: Path | None
+        self, run: _Run, ambient: RolloutContext, artifacts_dir: LazyDirectory | None
     ) -> ExecutionResult:
         request = run.request
         timeout = request.agent_timeout_sec
@@ -528,7 +573,7 @@ class LocalBackend(ExecutionBackend):
                 assert message is not None
                 logger.warning("Rollout %s: %s", request.id, message)
                 return _timeout(message)
-            deadline = asyncio.timeout(budget)
+            deadline = _UNBOUNDED if budget is None else asyncio.timeout(budget)
             try:
                 async with deadline:
                     config = copy.deepcopy(self._workflow_config)
@@ -608,7 +653,7 @@ class LocalBackend(ExecutionBackend):
         run: _Run,
         grader_cls: type[Grader],
         sample: Sample | None,
-        artifacts_dir: Path | None,
+        artifacts_dir: LazyDirectory | None,
     ) -> ExecutionResult:
         request = run.request
         timeout = request.grader_timeout_sec
@@ -675,16 +720,10 @@ class LocalBackend(ExecutionBackend):
         write.add_done_callback(functools.partial(self._log_write, run))
         self._background.add(write)  # shutdown() waits for writes still in flight
         write.add_done_callback(self._background.discard)
-        # asyncio.wait neither raises the write's error nor cancels the write (on a timeout
-        # or if this task is cancelled meanwhile): the thread finishes and is logged.
-        done, _pending = await asyncio.wait({write}, timeout=PERSIST_TIMEOUT_SEC)
-        if not done:
-            logger.warning(
-                "Rollout %s: the trajectory write takes longer than %.0fs; returning the "
-                "result without waiting for it",
-                run.request.id,
-                PERSIST_TIMEOUT_SEC,
-            )
+        # Shielded: cancelling this task must not cancel the write. Bounded: the file jobs
+        # fail with TimeoutError after FILE_JOB_TIMEOUT_SEC (no timer per rollout here).
+        with contextlib.suppress(Exception):  # _log_write reports it
+            await asyncio.shield(write)
 
     def _persist_cancelled(self, run: _Run) -> None:
         """Save the trajectory of a cancelled rollout that has a sample, in the background,
@@ -709,14 +748,12 @@ class LocalBackend(ExecutionBackend):
     ) -> Callable[[], None] | None:
         """The blocking job that builds and writes the rollout's files (for the file jobs),
         or None when the rollout keeps no files (its id is not a single path segment)."""
-        if run.artifacts_path is not None:
-            run.rollout_dir = run.artifacts_path.parent
-        elif run.rollout_dir is None:
+        if run.rollout_dir is None:
             # No slot was held (deadline passed in the queue) or the id is not path-safe.
             if not is_single_path_segment(run.request.id):
                 return None
-            run.rollout_dir = self._artifact_root / run.request.id
-        rollout_dir = run.rollout_dir
+            run.rollout_dir = os.path.join(self._artifact_root, run.request.id)
+        rollout_dir = Path(run.rollout_dir)
         timings = run.timings()
         workflow_info = run.workflow_info
 
@@ -730,7 +767,7 @@ class LocalBackend(ExecutionBackend):
             )
             document = build_trajectory(
                 request=run.request,
-                reported=reported_result(outcome) if reported is None else reported,
+                reported=outcome.reported() if reported is None else reported,
                 sample=to_save.sample,
                 workflow=outcome.workflow,
                 grader=outcome.grader,

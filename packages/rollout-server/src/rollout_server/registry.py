@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import hashlib
 import hmac
 import json
 import logging
 import os
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from rollout_types import (
@@ -97,6 +98,10 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
+def _entries(waiters: Entry | tuple[Entry, ...]) -> tuple[Entry, ...]:
+    return waiters if isinstance(waiters, tuple) else (waiters,)
+
+
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -113,12 +118,13 @@ class RolloutRecord:
         disposition: The cancel disposition recorded for it, if any.
         finished: Whether its execution task has completed (cleanup included).
         delivered: Whether a poll has returned its published result.
+        started: Whether its execution task has begun (set by the task's starter).
+        task: Its execution task while that runs, else None.
     """
 
     __slots__ = (
         "_collect_pending",
         "_digest",
-        "_id_json",
         "_lease_timer",
         "_retention_elapsed",
         "_retention_timer",
@@ -129,6 +135,7 @@ class RolloutRecord:
         "finished",
         "lease_deadline",
         "rollout_id",
+        "started",
         "status",
         "task",
     )
@@ -141,14 +148,16 @@ class RolloutRecord:
         self.disposition: CancelDisposition | None = None
         self.finished = False
         self.delivered = False
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.started = False
         self._digest = digest
-        self._id_json = encode_json(_JSON_STR(rollout_id)).decode()
         self._lease_timer: Entry | None = None
         self._retention_timer: Entry | None = None
         self._retention_elapsed = False
         self._collect_pending = False
-        self._waiters: list[asyncio.Future[None]] | None = None
+        # The deadline entries of waiting long polls (each entry's argument is the poll's
+        # future): one entry alone (the usual case), a tuple of several, or None.
+        self._waiters: Entry | tuple[Entry, ...] | None = None
 
     def __repr__(self) -> str:
         return f"<RolloutRecord {self.rollout_id!r} {self.status}>"
@@ -161,7 +170,10 @@ class RolloutRecord:
     @property
     def waiting(self) -> int:
         """How many long polls are waiting for this rollout's status to change."""
-        return len(self._waiters or ())
+        waiters = self._waiters
+        if waiters is None:
+            return 0
+        return len(waiters) if isinstance(waiters, tuple) else 1
 
     @property
     def retention_elapsed(self) -> bool:
@@ -175,10 +187,11 @@ class RolloutRecord:
 
     def progress_body(self) -> bytes:
         """The result document of an in-progress rollout: its status, every other field null."""
-        return (
-            f'{{"rollout_id":{self._id_json},"status":"{self.status.value}",'
+        # Encoded here rather than kept per record: only a long poll that times out needs it.
+        return encode_json(
+            f'{{"rollout_id":{_JSON_STR(self.rollout_id)},"status":"{self.status.value}",'
             '"sample":null,"err_message":null,"err_category":null}'
-        ).encode()  # _id_json is ASCII-safe: lone surrogates are escaped
+        )
 
 
 class RolloutRegistry:
@@ -190,6 +203,9 @@ class RolloutRegistry:
             once the execution has finished.
         on_lease_expired: Called with the record right after a lapsed lease has been
             published as ``lease_expired`` (the server requests cancellation there).
+        on_task_done: Called with the record and its execution task once that is done,
+            before the registry's own checks (the server publishes the outcome there);
+            whatever it leaves unpublished, the registry publishes as the task's end.
     """
 
     def __init__(
@@ -198,12 +214,16 @@ class RolloutRegistry:
         polling_lease_timeout_sec: float,
         result_retention_sec: float,
         on_lease_expired: Callable[[RolloutRecord], None] = lambda _record: None,
+        on_task_done: Callable[[RolloutRecord, asyncio.Task[Any]], None] = (
+            lambda _record, _task: None
+        ),
     ) -> None:
         self._lease_sec = polling_lease_timeout_sec
         self._retention_sec = result_retention_sec
         self._on_lease_expired = on_lease_expired
+        self._on_task_done_hook = on_task_done
         self._records: dict[str, RolloutRecord] = {}
-        self._tasks: dict[asyncio.Task[None], RolloutRecord] = {}
+        self._tasks: dict[asyncio.Task[Any], RolloutRecord] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: asyncio.Future[None] | None = None
         self._collecting = False
@@ -212,6 +232,11 @@ class RolloutRegistry:
         self._removal_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
         self._deadlines = DeadlineQueue()
+        # Bound once, and one context for every task's done callback (it reads no context
+        # variable): per rollout, a bound method costs 64 bytes and a copied context 72.
+        self._lease_callback = self._on_lease_timer
+        self._done_callback = self._on_task_done
+        self._callback_context = contextvars.Context()
 
     # -- lookup ---------------------------------------------------------------------------
 
@@ -257,16 +282,16 @@ class RolloutRegistry:
     def register(
         self,
         rollout_id: str,
-        execution: Callable[[RolloutRecord], Coroutine[Any, Any, None]],
+        start: Callable[[RolloutRecord], asyncio.Task[Any]],
     ) -> tuple[RolloutRecord, str]:
-        """Admit ``rollout_id``: create its record and lease and schedule its execution.
+        """Admit ``rollout_id``: create its record and lease and start its execution task.
 
         The caller has checked that the id is not held. Registration and task creation
         happen in one step, so no cancel can see a record without its task.
 
         Args:
             rollout_id: The id to admit.
-            execution: Builds the execution coroutine for the new record.
+            start: Creates the execution task of the new record on :attr:`loop`.
 
         Returns:
             The record and the lease token (43 characters of base64url).
@@ -276,15 +301,15 @@ class RolloutRegistry:
         record = RolloutRecord(rollout_id, _digest(token), loop.time() + self._lease_sec)
         self._records[rollout_id] = record
         try:
-            task = loop.create_task(execution(record), name=f"rollout:{rollout_id}")
+            task = start(record)
         except BaseException:
             del self._records[rollout_id]
             raise
         record.task = task
         self._tasks[task] = record
-        task.add_done_callback(self._on_task_done)
+        task.add_done_callback(self._done_callback, context=self._callback_context)
         record._lease_timer = self._deadlines.add(
-            loop, record.lease_deadline, self._on_lease_timer, record
+            loop, record.lease_deadline, self._lease_callback, record
         )
         return record, token
 
@@ -420,7 +445,7 @@ class RolloutRegistry:
         loop = self.loop
         if record.lease_deadline - loop.time() > _TIMER_SLACK_SEC:
             record._lease_timer = self._deadlines.add(
-                loop, record.lease_deadline, self._on_lease_timer, record
+                loop, record.lease_deadline, self._lease_callback, record
             )
             return
         self._expire(record)
@@ -445,36 +470,72 @@ class RolloutRegistry:
         Returns at once if it differs already, if the result is published, or once the
         registry is closed.
         """
-        if record.status is not seen or record.body is not None or self._closed:
+        fut = self.begin_wait(record, seen, timeout)
+        if fut is None:
             return
-        loop = self.loop
-        fut: asyncio.Future[None] = loop.create_future()
-        waiters = record._waiters
-        if waiters is None:
-            waiters = record._waiters = []
-        waiters.append(fut)
-        timer = self._deadlines.add(loop, loop.time() + timeout, _resolve, fut)
         try:
             await fut
         finally:
-            self._deadlines.cancel(timer)
-            if not fut.done():
-                fut.cancel()
-            # Still listed after a timeout or a cancelled wait; a wake-up took the list.
-            current = record._waiters
-            if current is not None:
-                try:
-                    current.remove(fut)
-                except ValueError:
-                    pass
+            self.end_wait(record, fut)
+
+    def begin_wait(
+        self, record: RolloutRecord, seen: RolloutStatus, timeout: float
+    ) -> asyncio.Future[None] | None:
+        """Start a long poll's wait: :meth:`wait_change` without its coroutine frame.
+
+        A long-polling handler awaits the returned future itself (one frame less per
+        waiting poll) and must pass it to :meth:`end_wait` in a ``finally``.
+
+        Args:
+            record: The rollout to watch.
+            seen: The status the poll has seen.
+            timeout: Longest wait, seconds.
+
+        Returns:
+            A future that is done on a status change, publication, ``close()`` or the
+            timeout; None when there is nothing to wait for (the status differs already,
+            the result is published, or the registry is closed).
+        """
+        if record.status is not seen or record.body is not None or self._closed:
+            return None
+        loop = self.loop
+        fut: asyncio.Future[None] = loop.create_future()
+        entry = self._deadlines.add(loop, loop.time() + timeout, _resolve, fut)
+        waiters = record._waiters
+        record._waiters = entry if waiters is None else (*_entries(waiters), entry)
+        return fut
+
+    def end_wait(self, record: RolloutRecord, fut: asyncio.Future[None]) -> None:
+        """Finish a wait started by :meth:`begin_wait` (whether it ended or was cancelled):
+        cancel its future if pending and drop its deadline."""
+        if not fut.done():
+            fut.cancel()
+        waiters = record._waiters
+        if waiters is None:
+            return  # a wake-up took (and cancelled) every entry
+        # Keep the other polls' live entries; drop this poll's and any that have fired.
+        kept: list[Entry] = []
+        for entry in _entries(waiters):
+            other = entry[3]
+            if other is fut:
+                self._deadlines.cancel(entry)
+            elif other is not None:
+                kept.append(entry)
+        if not kept:
+            record._waiters = None
+        else:
+            record._waiters = kept[0] if len(kept) == 1 else tuple(kept)
 
     def _wake(self, record: RolloutRecord) -> None:
         waiters = record._waiters
-        if waiters:
-            record._waiters = None
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+        if waiters is None:
+            return
+        record._waiters = None
+        for entry in _entries(waiters):
+            fut = entry[3]  # read before cancel() clears it; None once the deadline fired
+            self._deadlines.cancel(entry)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
 
     # -- cancellation ---------------------------------------------------------------------
 
@@ -518,9 +579,13 @@ class RolloutRegistry:
 
     # -- task completion and retention ----------------------------------------------------
 
-    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+    def _on_task_done(self, task: asyncio.Task[Any]) -> None:
         record = self._tasks.pop(task)
         record.task = None
+        try:
+            self._on_task_done_hook(record, task)
+        except Exception:
+            logger.exception("Publishing the outcome of rollout %s failed", record.rollout_id)
         record.finished = True
         if task.cancelled():
             # Cancelled before it started (or the coroutine did not publish itself).

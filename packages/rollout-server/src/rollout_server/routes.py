@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -18,6 +19,8 @@ from aiohttp import hdrs, web
 
 from rollout_types import (
     LEASE_HEADER,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_HEADER,
     CancelRolloutsRequest,
     CancelRolloutsResponse,
     RolloutInitRequest,
@@ -31,6 +34,8 @@ from rollout_types import (
 )
 
 from ._responses import detail_response, encode_json, json_response
+from .middleware import internal_error_response, self_guarded
+from .registry import RolloutRecord
 
 if TYPE_CHECKING:
     from .app import RolloutServer
@@ -82,6 +87,22 @@ def retry_after_header(seconds: Any) -> str:
     ):
         seconds = DEFAULT_RETRY_AFTER_SEC
     return str(math.ceil(min(max(float(seconds), low), high)))
+
+
+def pause_keepalive_timer(request: web.Request) -> None:
+    """Drop the idle keep-alive timer of the connection ``request`` came on.
+
+    aiohttp arms that timer when a connection opens and keeps it through a request it is
+    handling, though it only ever closes idle connections; it re-arms it once the response
+    is sent. A long poll holds its connection busy for up to ``result_wait_timeout_sec``,
+    so dropping the timer meanwhile changes nothing but saves a loop timer (about half a
+    kilobyte) per waiting poll. A no-op where aiohttp keeps no such timer.
+    """
+    protocol = request.protocol
+    handle = getattr(protocol, "_keepalive_handle", None)
+    if handle is not None and callable(getattr(handle, "cancel", None)):
+        handle.cancel()
+        protocol._keepalive_handle = None
 
 
 def build_routes(server: RolloutServer) -> list[web.RouteDef]:
@@ -158,19 +179,21 @@ def build_routes(server: RolloutServer) -> list[web.RouteDef]:
             ),
         )
 
-    async def result(request: web.Request) -> web.Response:
-        token = request.headers.get(LEASE_HEADER)
+    def lookup(request: web.Request, token: str | None) -> RolloutRecord | web.Response:
+        # 422 → 404 → 403, else the record the poll is for.
         if not token:
             return detail_response(422, header_error(LEASE_HEADER, token).errors)
-        rollout_id = request.match_info["rollout_id"]
-        record = registry.get(rollout_id)
+        record = registry.get(request.match_info["rollout_id"])
         if record is None:
             return json_response(404, _UNKNOWN_ID_BODY)
         if not record.check_token(token):
             return json_response(403, _BAD_LEASE_BODY)
-        if record.body is None and registry.renew(record):
-            await registry.wait_change(record, record.status, wait_sec)
-            current = registry.get(rollout_id)
+        return record
+
+    def answer(record: RolloutRecord, token: str, waited: bool) -> web.Response:
+        # After a wait the record may have been removed, or replaced by a re-admission.
+        if waited:
+            current = registry.get(record.rollout_id)
             if current is None:
                 return json_response(404, _UNKNOWN_ID_BODY)
             if current is not record:
@@ -180,9 +203,40 @@ def build_routes(server: RolloutServer) -> list[web.RouteDef]:
             if record.body is None:
                 return json_response(200, record.progress_body())
         body = record.body
-        assert body is not None  # published: by now, or by the lapsed-lease check above
+        assert body is not None  # published: by now, or by the lapsed-lease check
         registry.mark_delivered(record)
         return json_response(200, body)
+
+    @self_guarded
+    async def result(request: web.Request) -> web.Response:
+        # Self-guarded (see middleware.self_guarded): the middleware hands this coroutine
+        # to aiohttp as it is, so a waiting long poll holds no middleware frame (and no
+        # nested coroutine): this handler answers failures with 500 and sets the protocol
+        # header itself.
+        response: web.Response
+        try:
+            token = request.headers.get(LEASE_HEADER)
+            found = lookup(request, token)
+            if isinstance(found, web.Response):
+                response = found
+            else:
+                assert token is not None
+                waited = found.body is None and registry.renew(found)
+                if waited:
+                    wait = registry.begin_wait(found, found.status, wait_sec)
+                    if wait is not None:
+                        pause_keepalive_timer(request)
+                        try:
+                            await wait
+                        finally:
+                            registry.end_wait(found, wait)
+                response = answer(found, token, waited)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - internal_error_response logs it
+            response = internal_error_response(request)
+        response.headers[PROTOCOL_VERSION_HEADER] = PROTOCOL_VERSION
+        return response
 
     async def cancel(request: web.Request) -> web.Response:
         try:

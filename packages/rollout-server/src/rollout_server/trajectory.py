@@ -2,7 +2,8 @@
 
 Layout, per rollout, under the artifact root::
 
-    <artifact_root>/<rollout_id>/artifacts/        files the workflow and grader keep
+    <artifact_root>/<rollout_id>/artifacts/        files the workflow and grader keep (made
+                                                   when ``ctx.artifacts_dir`` is first read)
     <artifact_root>/<rollout_id>/trajectory.json   the record below
     <artifact_root>/<rollout_id>/diagnostics.json  backend diagnostics (tracebacks), if any
 
@@ -39,7 +40,8 @@ key                      value
 =======================  ===============================================================
 
 The saved sample is the grader's result when it has a sample, otherwise the workflow's.
-Values JSON cannot hold (NaN, objects) are dropped with :func:`rollout_types.fit_json`.
+Values JSON cannot hold (NaN, objects) are dropped with :func:`rollout_types.fit_json` when
+the file is encoded (:func:`encode_json`), and a WARNING lists them.
 Files are written atomically (a temporary file in the same directory, then a rename), so a
 reader never sees half a file.
 """
@@ -71,7 +73,8 @@ __all__ = [
     "TRAJECTORY_SCHEMA_VERSION",
     "build_trajectory",
     "default_artifact_root",
-    "make_artifacts_dir",
+    "encode_json",
+    "make_directory",
     "write_json_atomic",
     "write_rollout_files",
 ]
@@ -154,9 +157,10 @@ def build_trajectory(
         workflow_info: ``AgentWorkflowOutput.info``; default empty.
 
     Returns:
-        A document that encodes as strict JSON.
+        The document, holding the sample's values as they are: :func:`encode_json` fits
+        what strict JSON cannot hold when it writes it.
     """
-    document: dict[str, Any] = {
+    return {
         "schema_version": TRAJECTORY_SCHEMA_VERSION,
         "rollout_id": request.id,
         "status": str(reported.status),
@@ -183,14 +187,6 @@ def build_trajectory(
         "saved_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
         "writer": {"name": "rollout-server", "version": _writer_version()},
     }
-    fitted, dropped = fit_json(document, "trajectory")
-    if dropped:
-        logger.warning(
-            "Trajectory of rollout %s: dropped values JSON cannot hold: %s",
-            request.id,
-            ", ".join(dropped),
-        )
-    return fitted if isinstance(fitted, dict) else {}
 
 
 _TEMP_SEQUENCE: Final = itertools.count()
@@ -206,25 +202,56 @@ def _create_temp(path: Path) -> tuple[int, str]:
     ``open``; a leftover file of that name (another process once had this pid) falls back
     to :func:`tempfile.mkstemp`.
     """
-    name = f"{path.parent}{os.sep}.{path.name}.{os.getpid()}.{next(_TEMP_SEQUENCE)}.tmp"
+    directory, base = os.path.split(os.fspath(path))  # cheaper than Path.parent and .name
+    name = f"{directory}{os.sep}.{base}.{os.getpid()}.{next(_TEMP_SEQUENCE)}.tmp"
     try:
         return os.open(name, _TEMP_FLAGS, 0o600), name
     except FileExistsError:
-        return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        return tempfile.mkstemp(dir=directory, prefix=f".{base}.", suffix=".tmp")
 
 
-def write_json_atomic(path: Path, document: Any) -> None:
-    """Write ``document`` as JSON to ``path`` atomically (temporary file, then rename).
+def encode_json(document: Any, name: str, owner: str = "") -> bytes:
+    """``document`` as compact strict JSON in UTF-8, with a final newline.
+
+    The document is encoded as it is when it can be (the json module's C encoder: the
+    common case costs no walk in Python). Otherwise it is fitted with
+    :func:`rollout_types.fit_json` first (NaN and infinities, values JSON has no type for,
+    lone surrogates and non-string keys are dropped or converted) and what was dropped is
+    logged as a WARNING.
+
+    Args:
+        document: The value to encode.
+        name: Its name in the log line, such as ``"trajectory"``.
+        owner: Who it belongs to in the log line, such as ``"rollout r-1"``; default none.
+    """
+    try:
+        return _encode(document)
+    except (TypeError, ValueError, RecursionError):
+        fitted, dropped = fit_json(document, name)
+        if dropped:
+            logger.warning(
+                "%s%s: dropped values JSON cannot hold: %s",
+                name.capitalize(),
+                f" of {owner}" if owner else "",
+                ", ".join(dropped),
+            )
+        return _encode(fitted)
+
+
+def _encode(document: Any) -> bytes:
+    # Compact: without ``indent`` the json module encodes in C (several times faster).
+    text = json.dumps(document, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return text.encode() + b"\n"
+
+
+def write_json_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file, then a rename).
 
     Blocking: call it off the event loop. The file is readable by its owner only.
 
     Raises:
         OSError: When the directory is missing or not writable.
-        TypeError, ValueError: When ``document`` does not encode as strict JSON.
     """
-    # Compact: without ``indent`` the json module encodes in C (several times faster).
-    data = json.dumps(document, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-    data += b"\n"
     fd, tmp_name = _create_temp(path)
     try:
         try:
@@ -245,37 +272,39 @@ def write_json_atomic(path: Path, document: Any) -> None:
 def write_rollout_files(
     rollout_dir: Path, trajectory: Mapping[str, Any], diagnostics: Mapping[str, Any] | None
 ) -> None:
-    """Create ``rollout_dir`` if needed and write ``trajectory.json`` (and
-    ``diagnostics.json`` when ``diagnostics`` is not empty) into it, each atomically.
+    """Write ``trajectory.json`` (and ``diagnostics.json`` when ``diagnostics`` is not
+    empty) into ``rollout_dir``, each encoded with :func:`encode_json` and written
+    atomically; the directory is created if needed.
 
     Blocking: call it off the event loop.
 
     Raises:
         OSError: When the directory cannot be created or written.
     """
+    owner = f"rollout {rollout_dir.name}"
     target = rollout_dir / TRAJECTORY_FILE_NAME
+    data = encode_json(trajectory, "trajectory", owner)
     try:
-        write_json_atomic(target, trajectory)
+        write_json_atomic(target, data)
     except FileNotFoundError:
         # The directory is usually there already (made before the workflow ran).
         rollout_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(target, trajectory)
+        write_json_atomic(target, data)
     if diagnostics:
-        fitted, _dropped = fit_json(diagnostics, "diagnostics")
-        write_json_atomic(rollout_dir / DIAGNOSTICS_FILE_NAME, fitted)
+        data = encode_json(diagnostics, "diagnostics", owner)
+        write_json_atomic(rollout_dir / DIAGNOSTICS_FILE_NAME, data)
 
 
-def make_artifacts_dir(path: Path) -> None:
-    """Create ``path`` (``<artifact_root>/<rollout_id>/artifacts``) and its parents.
+def make_directory(path: str | os.PathLike[str]) -> None:
+    """Create the directory ``path`` and any missing parents; fine if it exists.
 
-    Blocking. The common case, a new rollout under an existing root, costs two ``mkdir``
-    calls; anything else falls back to :meth:`pathlib.Path.mkdir`.
+    Blocking. The common case, a new rollout directory under an existing root, costs one
+    ``mkdir`` call; anything else falls back to :meth:`pathlib.Path.mkdir`.
 
     Raises:
-        OSError: When the directory cannot be created.
+        OSError: When the directory cannot be created (or a file is in the way).
     """
     try:
-        os.mkdir(path.parent)
         os.mkdir(path)
     except OSError:
-        path.mkdir(parents=True, exist_ok=True)
+        Path(path).mkdir(parents=True, exist_ok=True)

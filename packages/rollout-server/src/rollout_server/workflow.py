@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from ._config import BaseConfig, ConcurrencyConfig
+from ._lazydir import LazyDirectory, directory_repr, resolve_directory
 
 __all__ = [
     "AgentWorkflow",
@@ -100,15 +101,24 @@ class WorkflowContext:
         prompt: The request's ``initial_messages`` (a copy the workflow may change).
         config: The rollout's own deep copy of the workflow config, or None.
         metadata: The request's ``metadata`` (a copy), or None.
-        artifacts_dir: ``<artifact_root>/<rollout_id>/artifacts/``, created for files the
-            workflow wants kept; None when it could not be created.
+        artifacts_dir: ``<artifact_root>/<rollout_id>/artifacts/`` for files the workflow
+            wants kept, or None when it cannot be created. LocalBackend creates it when it
+            is first read (see :attr:`artifacts_dir`); a path given here is used as is.
     """
 
     rollout_id: str
     prompt: list[dict[str, Any]]
     config: AgentWorkflowConfig | None = None
     metadata: dict[str, Any] | None = None
-    artifacts_dir: Path | None = None
+    _artifacts_dir: Path | LazyDirectory | None = attrs.field(
+        default=None, alias="artifacts_dir", repr=directory_repr
+    )
+
+    @property
+    def artifacts_dir(self) -> Path | None:
+        """The rollout's artifacts directory, created on first read; None when it cannot
+        be created (a WARNING says why)."""
+        return resolve_directory(self._artifacts_dir)
 
 
 class AgentWorkflow(abc.ABC):

@@ -1,0 +1,253 @@
+"""What keeps a waiting rollout small: the self-guarded long poll, the dropped keep-alive
+timer, frame-free waits and an execution task that runs ``backend.execute()`` itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from rollout_server.middleware import make_protocol_middleware, self_guarded
+from rollout_server.registry import RolloutRecord, RolloutRegistry
+from rollout_server.routes import pause_keepalive_timer
+from rollout_types import PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER, RolloutStatus
+
+EVENT_SEC = 10.0
+
+
+async def _ok(_request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+class TestSelfGuardedHandlers:
+    async def test_a_self_guarded_handler_runs_without_a_middleware_frame(self) -> None:
+        """For a self-guarded handler the middleware returns the handler's own coroutine; any
+        other handler gets a guarding coroutine around it."""
+        middleware = make_protocol_middleware(None)
+
+        async def guarded(_request: web.Request) -> web.Response:
+            return web.Response(text="guarded")
+
+        self_guarded(guarded)
+        request = make_mocked_request("GET", "/x")
+        own = middleware(request, guarded)
+        other = middleware(request, _ok)
+        try:
+            assert getattr(own, "cr_code", None) is guarded.__code__
+            assert getattr(other, "cr_code", None) is not _ok.__code__
+        finally:
+            for awaitable in (own, other):
+                close = getattr(awaitable, "close", None)
+                if close is not None:
+                    close()
+
+    async def test_the_checks_still_come_before_a_self_guarded_handler(self) -> None:
+        """A request without the right bearer token gets 401 with the protocol header, and
+        the self-guarded handler is never called."""
+        middleware = make_protocol_middleware("secret")
+        called: list[bool] = []
+
+        async def guarded(_request: web.Request) -> web.Response:
+            called.append(True)
+            return web.Response(text="guarded")
+
+        self_guarded(guarded)
+        response = await middleware(make_mocked_request("GET", "/x"), guarded)
+        assert response.status == 401
+        assert response.headers[PROTOCOL_VERSION_HEADER] == PROTOCOL_VERSION
+        assert called == []
+
+    async def test_an_error_in_the_result_route_is_a_logged_json_500(
+        self, harness: Any, caplog: Any
+    ) -> None:
+        """An unexpected exception while answering a poll gives the opaque JSON 500 with the
+        protocol header, and is logged with the request line."""
+        token = await harness.admit("r1")
+        registry = harness.server.registry
+
+        def broken(_rollout_id: str) -> RolloutRecord | None:
+            raise RuntimeError("registry broke")
+
+        registry.get = broken
+        with caplog.at_level(logging.ERROR, logger="rollout_server"):
+            reply = await harness.poll("r1", token)
+        assert reply.status == 500
+        assert set(reply.json) == {"detail"}
+        assert "registry broke" not in reply.raw.decode()
+        assert reply.headers[PROTOCOL_VERSION_HEADER] == PROTOCOL_VERSION
+        assert "Unhandled error serving GET /rollout/r1/result" in caplog.messages
+
+
+class _Protocol:
+    """Stands in for aiohttp's request handler (only the keep-alive timer matters)."""
+
+    def __init__(self, handle: Any) -> None:
+        self._keepalive_handle = handle
+
+
+class _Request:
+    """Stands in for a request (only its protocol matters)."""
+
+    def __init__(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+
+class TestKeepaliveTimer:
+    async def test_pausing_cancels_and_forgets_the_timer(self) -> None:
+        """pause_keepalive_timer() cancels the connection's keep-alive timer and clears it."""
+        handle = asyncio.get_running_loop().call_later(3600, lambda: None)
+        protocol = _Protocol(handle)
+        pause_keepalive_timer(_Request(protocol))  # type: ignore[arg-type]
+        assert handle.cancelled()
+        assert protocol._keepalive_handle is None
+
+    async def test_pausing_without_a_timer_does_nothing(self) -> None:
+        """A connection without a keep-alive timer (or an aiohttp without one) is left as is."""
+        protocol = _Protocol(None)
+        pause_keepalive_timer(_Request(protocol))  # type: ignore[arg-type]
+        assert protocol._keepalive_handle is None
+        pause_keepalive_timer(_Request(object()))  # type: ignore[arg-type]
+
+    async def test_a_waiting_poll_holds_no_timer_and_the_connection_gets_it_back(
+        self, make_harness: Any
+    ) -> None:
+        """While a long poll waits, its connection has no keep-alive timer; once the poll is
+        answered the timer is armed again and the connection serves the next request."""
+        harness = await make_harness(
+            result_wait_timeout_sec=EVENT_SEC, polling_lease_timeout_sec=2 * EVENT_SEC
+        )
+        token = await harness.admit("r1")
+        record = harness.server.registry.get("r1")
+        poll = asyncio.create_task(harness.poll("r1", token))
+        await harness.until(lambda: record.waiting == 1)
+        server = harness.client.server.runner.server
+        busy = [c for c in server.connections if getattr(c, "_request_in_progress", False)]
+        assert busy
+        assert all(getattr(c, "_keepalive_handle", None) is None for c in busy)
+        (await harness.backend.started("r1")).succeed()
+        async with asyncio.timeout(EVENT_SEC):
+            reply = await poll
+        assert reply.json["status"] == "success"
+        await harness.until(
+            lambda: all(getattr(c, "_keepalive_handle", None) is not None for c in busy)
+        )
+        assert (await harness.health()).status == 200
+
+
+class TestFrameFreeWait:
+    @staticmethod
+    def _registry_with(rollout_id: str) -> tuple[RolloutRegistry, RolloutRecord, Any]:
+        registry = RolloutRegistry(polling_lease_timeout_sec=60.0, result_retention_sec=60.0)
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def body() -> None:
+            await gate
+
+        record, _token = registry.register(
+            rollout_id, lambda _record: asyncio.get_running_loop().create_task(body())
+        )
+        return registry, record, gate
+
+    async def test_nothing_to_wait_for_gives_none(self) -> None:
+        """begin_wait() returns None when the status differs already, the result is
+        published, or the registry is closed."""
+        registry, record, gate = self._registry_with("r1")
+        assert registry.begin_wait(record, RolloutStatus.RUNNING, 5.0) is None
+        registry.close()
+        assert registry.begin_wait(record, record.status, 5.0) is None
+        gate.set_result(None)
+        registry2, record2, gate2 = self._registry_with("r2")
+        registry2.publish(record2, status=RolloutStatus.SUCCESS)
+        assert registry2.begin_wait(record2, record2.status, 5.0) is None
+        gate2.set_result(None)
+        registry2.close()
+
+    async def test_a_status_change_ends_the_wait_and_end_wait_unlists_it(self) -> None:
+        """The future of begin_wait() is done on a status change; a timed-out wait is
+        removed from the record by end_wait()."""
+        registry, record, gate = self._registry_with("r1")
+        wait = registry.begin_wait(record, record.status, EVENT_SEC)
+        assert wait is not None
+        assert record.waiting == 1
+        registry.set_status(record, RolloutStatus.RUNNING)
+        async with asyncio.timeout(EVENT_SEC):
+            await wait
+        registry.end_wait(record, wait)
+        assert record.waiting == 0
+        short = registry.begin_wait(record, record.status, 0.01)
+        assert short is not None
+        async with asyncio.timeout(EVENT_SEC):
+            await short  # done by its deadline
+        assert record.waiting == 1
+        registry.end_wait(record, short)
+        assert record.waiting == 0
+        gate.set_result(None)
+        registry.close()
+
+    async def test_several_waits_on_one_rollout_are_each_woken_and_unlisted(self) -> None:
+        """Two polls of one rollout wait together: ending one leaves the other waiting, a
+        status change wakes the other, and no wait deadline is left behind."""
+        registry, record, gate = self._registry_with("r1")
+        first = registry.begin_wait(record, record.status, EVENT_SEC)
+        second = registry.begin_wait(record, record.status, EVENT_SEC)
+        assert first is not None
+        assert second is not None
+        assert record.waiting == 2
+        registry.end_wait(record, first)  # that poll went away (its client disconnected)
+        assert first.cancelled()
+        assert record.waiting == 1
+        assert not second.done()
+        registry.set_status(record, RolloutStatus.RUNNING)
+        async with asyncio.timeout(EVENT_SEC):
+            await second
+        registry.end_wait(record, second)
+        assert record.waiting == 0
+        assert len(registry._deadlines) == 1  # only the lease deadline is left
+        gate.set_result(None)
+        registry.close()
+
+
+class TestExecutionTask:
+    async def test_the_task_runs_execute_itself_with_the_context_bound(self, harness: Any) -> None:
+        """The execution task's coroutine is backend.execute() (no wrapper frame), and the
+        ambient rollout context is bound inside it."""
+        token = await harness.admit("r1")
+        run = await harness.backend.started("r1")
+        task = harness.server.registry.get("r1").task
+        assert task.get_coro().__qualname__.endswith(".execute")
+        assert run.context is not None
+        assert run.context.rollout_id == "r1"
+        assert run.context.process_id == harness.server.process_id
+        run.succeed()
+        reply = await harness.poll_until("r1", token, "success")
+        assert reply.json["sample"]["reward"] == 0.5
+
+    async def test_a_failing_outcome_hook_is_published_as_a_crash(self, caplog: Any) -> None:
+        """When the outcome hook raises, the error is logged and the rollout is published as
+        failure / internal_error."""
+
+        def hook(_record: RolloutRecord, _task: asyncio.Task[Any]) -> None:
+            raise RuntimeError("hook broke")
+
+        registry = RolloutRegistry(
+            polling_lease_timeout_sec=60.0, result_retention_sec=60.0, on_task_done=hook
+        )
+
+        async def body() -> None:
+            return None
+
+        with caplog.at_level(logging.ERROR, logger="rollout_server"):
+            record, _token = registry.register(
+                "r1", lambda _record: asyncio.get_running_loop().create_task(body())
+            )
+            async with asyncio.timeout(EVENT_SEC):
+                await registry.idle_future()
+        assert record.body is not None
+        published = json.loads(record.body)
+        assert (published["status"], published["err_category"]) == ("failure", "internal_error")
+        assert "Publishing the outcome of rollout r1 failed" in caplog.messages
+        registry.close()
