@@ -21,7 +21,7 @@ from rollout_server._logsink import TurnBufferedStreamHandler
 from rollout_server._offload import BatchOffloader
 from rollout_server.registry import TOKEN_BYTES, _TokenSource
 from rollout_server.trajectory import (
-    encode_json,
+    encode_document,
     make_directory,
     write_json_atomic,
     write_rollout_files,
@@ -286,7 +286,7 @@ class TestFileWrites:
         """The written file decodes to the document, ends with a newline, is readable by
         its owner only, and no temporary file is left."""
         target = tmp_path / "doc.json"
-        write_json_atomic(target, encode_json({"a": "é", "b": [1, 2]}, "doc"))
+        write_json_atomic(target, encode_document({"a": "é", "b": [1, 2]}, "doc"))
         text = target.read_text(encoding="utf-8")
         assert json.loads(text) == {"a": "é", "b": [1, 2]}
         assert text.endswith("\n")
@@ -322,7 +322,7 @@ class TestFileWrites:
         """A clean document encodes as compact UTF-8 JSON with a final newline, tuples as
         lists, and nothing logged."""
         with caplog.at_level(logging.WARNING):
-            data = encode_json({"a": "é", "b": (1, 2.5), "c": None}, "doc")
+            data = encode_document({"a": "é", "b": (1, 2.5), "c": None}, "doc")
         assert data == '{"a":"é","b":[1,2.5],"c":null}\n'.encode()
         assert caplog.records == []
 
@@ -331,7 +331,7 @@ class TestFileWrites:
         WARNING names the document, its owner and every dropped path."""
         document = {"ok": 1, "nan": float("nan"), "obj": object(), "text": "a\ud800b"}
         with caplog.at_level(logging.WARNING):
-            data = encode_json(document, "trajectory", "rollout r1")
+            data = encode_document(document, "trajectory", "rollout r1")
         assert json.loads(data) == {"ok": 1, "text": "a?b"}
         (record,) = caplog.records
         message = record.getMessage()

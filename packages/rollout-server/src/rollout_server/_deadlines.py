@@ -14,11 +14,17 @@ import itertools
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["DeadlineQueue", "Entry"]
+__all__ = ["DeadlineQueue", "Entry", "pending_argument"]
 
 Entry = list[Any]
 """A scheduled deadline: ``[when, sequence, callback, argument]`` (callback None once
-cancelled). Treat it as opaque."""
+cancelled). Treat it as opaque: read it with :func:`pending_argument`."""
+
+
+def pending_argument(entry: Entry) -> Any:
+    """The argument of a deadline still pending; None once it has fired or been cancelled."""
+    return entry[3]
+
 
 FIRE_SLACK_SEC: Final = 0.001
 """Deadlines this close to the loop's time are due (loop timers may fire up to one clock

@@ -30,8 +30,7 @@ from rollout_types import (
 
 from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
 from .categorize import categorize_exception
-from .context import RolloutContext
-from .context import _current as _current_context
+from .context import RolloutContext, context_binding
 from .registry import RolloutRecord, RolloutRegistry
 
 __all__ = ["finish_execution", "start_execution", "wire_result"]
@@ -153,16 +152,14 @@ def start_execution(
         The task, scheduled on the registry's loop.
     """
     loop = registry.loop
-    context = contextvars.copy_context()
-    context.run(
-        _current_context.set,
+    context = context_binding(
         RolloutContext.from_request(
             rollout_id=record.rollout_id,
             chat_completions_url=request.chat_completions_url,
             llm_api_key=request.llm_api_key,
             process_id=process_id,
             on_status=request.on_status,
-        ),
+        )
     )
     # Scheduled right before the task's first step, so nothing runs in between: the
     # rollout counts as started unless a cancellation has landed before that step.

@@ -1,10 +1,10 @@
 """``LazyDirectory``: a rollout's ``artifacts/`` directory, made when code first asks for it.
 
 Most workflows never write an artifact, and on a journalling file system every directory
-costs an inode (about a tenth of a millisecond of kernel time each on the benchmark machine's
-ext4). So LocalBackend makes the rollout
-directory ``<artifact_root>/<id>/`` before the workflow runs (with osmosis-ai's three
-attempts) and ``artifacts/`` inside it only when ``ctx.artifacts_dir`` is first read.
+costs an inode (about a tenth of a millisecond of kernel time each on the benchmark
+machine's ext4). So LocalBackend makes the rollout directory ``<artifact_root>/<id>/``
+before the workflow runs (with osmosis-ai's three attempts) and ``artifacts/`` inside it
+only when ``ctx.artifacts_dir`` is first read.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import os
 import threading
 from pathlib import Path
 from typing import Final
+
+from .trajectory import make_directory
 
 __all__ = ["LazyDirectory", "directory_repr", "resolve_directory"]
 
@@ -72,20 +74,15 @@ class LazyDirectory:
 
     def _make(self) -> bool:
         try:
-            os.mkdir(self._path)
-        except OSError:
-            # Usually it exists already (a second backend, a rerun of the id), or the
-            # parent went away: pathlib sorts those out and raises for the rest.
-            try:
-                self.path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                logger.warning(
-                    "Cannot create the artifacts directory %s (%s); the rollout's code "
-                    "gets artifacts_dir=None",
-                    self.path,
-                    exc,
-                )
-                return False
+            make_directory(self._path)
+        except OSError as exc:
+            logger.warning(
+                "Cannot create the artifacts directory %s (%s); the rollout's code gets "
+                "artifacts_dir=None",
+                self._path,
+                exc,
+            )
+            return False
         return True
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "RolloutContext",
     "SampleSource",
     "bind_rollout_context",
+    "context_binding",
     "current_rollout_context",
     "get_rollout_context",
 ]
@@ -137,6 +138,15 @@ def get_rollout_context() -> RolloutContext:
             "rollout server runs for a rollout (a workflow, a grader, or what they call)"
         )
     return context
+
+
+def context_binding(context: RolloutContext) -> contextvars.Context:
+    """A copy of the current :mod:`contextvars` context with ``context`` bound as the
+    ambient rollout context: for a task that runs a rollout
+    (``loop.create_task(coro, context=...)``) without a binding frame of its own."""
+    copied = contextvars.copy_context()
+    copied.run(_current.set, context)
+    return copied
 
 
 @contextlib.contextmanager

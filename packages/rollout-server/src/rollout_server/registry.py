@@ -37,7 +37,7 @@ from rollout_types import (
     dumps,
 )
 
-from ._deadlines import DeadlineQueue, Entry
+from ._deadlines import DeadlineQueue, Entry, pending_argument
 from ._responses import encode_json
 
 __all__ = ["RolloutRecord", "RolloutRegistry"]
@@ -464,27 +464,14 @@ class RolloutRegistry:
 
     # -- long polls -----------------------------------------------------------------------
 
-    async def wait_change(self, record: RolloutRecord, seen: RolloutStatus, timeout: float) -> None:
-        """Wait until the status of ``record`` differs from ``seen``, at most ``timeout`` s.
-
-        Returns at once if it differs already, if the result is published, or once the
-        registry is closed.
-        """
-        fut = self.begin_wait(record, seen, timeout)
-        if fut is None:
-            return
-        try:
-            await fut
-        finally:
-            self.end_wait(record, fut)
-
     def begin_wait(
         self, record: RolloutRecord, seen: RolloutStatus, timeout: float
     ) -> asyncio.Future[None] | None:
-        """Start a long poll's wait: :meth:`wait_change` without its coroutine frame.
+        """Start a long poll's wait for the status of ``record`` to differ from ``seen``.
 
-        A long-polling handler awaits the returned future itself (one frame less per
-        waiting poll) and must pass it to :meth:`end_wait` in a ``finally``.
+        The long-polling handler awaits the returned future itself (no coroutine frame of
+        the registry's per waiting poll) and must pass it to :meth:`end_wait` in a
+        ``finally``.
 
         Args:
             record: The rollout to watch.
@@ -516,7 +503,7 @@ class RolloutRegistry:
         # Keep the other polls' live entries; drop this poll's and any that have fired.
         kept: list[Entry] = []
         for entry in _entries(waiters):
-            other = entry[3]
+            other = pending_argument(entry)
             if other is fut:
                 self._deadlines.cancel(entry)
             elif other is not None:
@@ -532,7 +519,7 @@ class RolloutRegistry:
             return
         record._waiters = None
         for entry in _entries(waiters):
-            fut = entry[3]  # read before cancel() clears it; None once the deadline fired
+            fut = pending_argument(entry)  # before cancel() clears it; None once fired
             self._deadlines.cancel(entry)
             if fut is not None and not fut.done():
                 fut.set_result(None)

@@ -41,7 +41,7 @@ key                      value
 
 The saved sample is the grader's result when it has a sample, otherwise the workflow's.
 Values JSON cannot hold (NaN, objects) are dropped with :func:`rollout_types.fit_json` when
-the file is encoded (:func:`encode_json`), and a WARNING lists them.
+the file is encoded (:func:`encode_document`), and a WARNING lists them.
 Files are written atomically (a temporary file in the same directory, then a rename), so a
 reader never sees half a file.
 """
@@ -73,7 +73,7 @@ __all__ = [
     "TRAJECTORY_SCHEMA_VERSION",
     "build_trajectory",
     "default_artifact_root",
-    "encode_json",
+    "encode_document",
     "make_directory",
     "write_json_atomic",
     "write_rollout_files",
@@ -157,7 +157,7 @@ def build_trajectory(
         workflow_info: ``AgentWorkflowOutput.info``; default empty.
 
     Returns:
-        The document, holding the sample's values as they are: :func:`encode_json` fits
+        The document, holding the sample's values as they are: :func:`encode_document` fits
         what strict JSON cannot hold when it writes it.
     """
     return {
@@ -210,7 +210,7 @@ def _create_temp(path: Path) -> tuple[int, str]:
         return tempfile.mkstemp(dir=directory, prefix=f".{base}.", suffix=".tmp")
 
 
-def encode_json(document: Any, name: str, owner: str = "") -> bytes:
+def encode_document(document: Any, name: str, owner: str = "") -> bytes:
     """``document`` as compact strict JSON in UTF-8, with a final newline.
 
     The document is encoded as it is when it can be (the json module's C encoder: the
@@ -273,7 +273,7 @@ def write_rollout_files(
     rollout_dir: Path, trajectory: Mapping[str, Any], diagnostics: Mapping[str, Any] | None
 ) -> None:
     """Write ``trajectory.json`` (and ``diagnostics.json`` when ``diagnostics`` is not
-    empty) into ``rollout_dir``, each encoded with :func:`encode_json` and written
+    empty) into ``rollout_dir``, each encoded with :func:`encode_document` and written
     atomically; the directory is created if needed.
 
     Blocking: call it off the event loop.
@@ -283,7 +283,7 @@ def write_rollout_files(
     """
     owner = f"rollout {rollout_dir.name}"
     target = rollout_dir / TRAJECTORY_FILE_NAME
-    data = encode_json(trajectory, "trajectory", owner)
+    data = encode_document(trajectory, "trajectory", owner)
     try:
         write_json_atomic(target, data)
     except FileNotFoundError:
@@ -291,7 +291,7 @@ def write_rollout_files(
         rollout_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(target, data)
     if diagnostics:
-        data = encode_json(diagnostics, "diagnostics", owner)
+        data = encode_document(diagnostics, "diagnostics", owner)
         write_json_atomic(rollout_dir / DIAGNOSTICS_FILE_NAME, data)
 
 
