@@ -4,8 +4,11 @@ The workflow returns :data:`FIXED_MESSAGES` and the grader sets reward
 :data:`FIXED_REWARD`. The request's ``metadata`` can make the workflow wait first:
 
 - ``{"sleep_sec": s}``: sleep ``s`` seconds (the notification-latency workload).
-- ``{"hold_sec": s}``: wait until the server process receives ``SIGUSR1``, at most ``s``
-  seconds (the many-in-flight workload: every held rollout finishes at the same moment).
+- ``{"hold_sec": s}``: wait until the server process receives ``SIGUSR1`` (the
+  many-in-flight workload: every held rollout finishes at the same moment), at most ``s``
+  seconds after the first rollout of that release began to wait. The bound is one timer per
+  release, not one per rollout, so a held rollout costs both stacks no more than a waiter
+  on one shared event.
 
 - ``{"memory_report": path}``: write the largest allocation sites of the server process to
   ``path`` (only when the server runs with ``ROLLOUT_BENCH_TRACEMALLOC=1``, which starts
@@ -58,25 +61,31 @@ if os.environ.get(TRACEMALLOC_ENV) == "1" and not tracemalloc.is_tracing():
 
 
 class _Release:
-    """One release event per event loop, set when :data:`RELEASE_SIGNAL` arrives."""
+    """One release event per event loop, set when :data:`RELEASE_SIGNAL` arrives or when
+    the bound armed by the release's first hold runs out."""
 
     loop: asyncio.AbstractEventLoop | None = None
     event: asyncio.Event | None = None
+    bound: asyncio.TimerHandle | None = None
 
     @classmethod
-    def current(cls) -> asyncio.Event:
+    def current(cls, bound_sec: float) -> asyncio.Event:
         loop = asyncio.get_running_loop()
         if cls.loop is not loop or cls.event is None:
-            cls.loop, cls.event = loop, asyncio.Event()
+            cls.loop, cls.event, cls.bound = loop, asyncio.Event(), None
             loop.add_signal_handler(RELEASE_SIGNAL, cls.release)
+        if cls.bound is None:
+            cls.bound = loop.call_later(bound_sec, cls.release)
         return cls.event
 
     @classmethod
     def release(cls) -> None:
-        # Set the event the held rollouts wait on; later holds wait for the next signal.
+        # Set the event the held rollouts wait on; later holds wait for the next release.
         if cls.event is not None:
             cls.event.set()
-        cls.event = asyncio.Event()
+        if cls.bound is not None:
+            cls.bound.cancel()
+        cls.event, cls.bound = asyncio.Event(), None
 
 
 def install_release_guard() -> None:
@@ -113,11 +122,8 @@ async def wait_as_told(metadata: dict[str, Any] | None) -> None:
         await asyncio.sleep(sleep_sec)
     hold_sec = _seconds(metadata, "hold_sec")
     if hold_sec is not None:
-        event = _Release.current()
-        try:
-            await asyncio.wait_for(event.wait(), hold_sec)
-        except TimeoutError:
-            pass  # released by the bound instead: the latency figures will show it
+        # Released by the bound instead of the signal: the latency figures will show it.
+        await _Release.current(hold_sec).wait()
 
 
 def _write_memory_report(path: Path, top: int = 40) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import re
 import signal
@@ -20,7 +21,14 @@ import pytest
 from aiohttp import web
 
 from rollout_server import ROLLOUT_SERVER_KEY, ServerConfigError, ServeTargetError
-from rollout_server.cli import build_app, build_parser, load_target, serve
+from rollout_server.cli import (
+    GC_YOUNG_THRESHOLD,
+    build_app,
+    build_parser,
+    load_target,
+    serve,
+    tune_collector,
+)
 from rollout_types import LEASE_HEADER
 
 COMMAND_LOOP_ONLY = True
@@ -233,6 +241,21 @@ def server_process(
                 process.wait(timeout=EVENT_SEC)
         if process.stdout is not None:
             process.stdout.close()
+
+
+class TestCollector:
+    def test_serving_freezes_what_lives_and_collects_the_young_less_often(self) -> None:
+        """tune_collector() freezes the objects alive now and sets only the young
+        generation's threshold to GC_YOUNG_THRESHOLD."""
+        before = gc.get_threshold()
+        frozen_before = gc.get_freeze_count()
+        try:
+            tune_collector()
+            assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:])
+            assert gc.get_freeze_count() > frozen_before
+        finally:
+            gc.set_threshold(*before)
+            gc.unfreeze()
 
 
 class OutputReader:

@@ -1,16 +1,20 @@
 """What keeps a waiting rollout small: the self-guarded long poll, the dropped keep-alive
-timer, frame-free waits and an execution task that runs ``backend.execute()`` itself."""
+timer, frame-free waits, an execution task that runs ``backend.execute()`` itself, and
+responses that let go of their bodies once sent."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import re
 from typing import Any
+from unittest import mock
 
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from rollout_server._responses import json_response
 from rollout_server.middleware import make_protocol_middleware, self_guarded
 from rollout_server.registry import RolloutRecord, RolloutRegistry
 from rollout_server.routes import pause_keepalive_timer
@@ -80,6 +84,40 @@ class TestSelfGuardedHandlers:
         assert "registry broke" not in reply.raw.decode()
         assert reply.headers[PROTOCOL_VERSION_HEADER] == PROTOCOL_VERSION
         assert "Unhandled error serving GET /rollout/r1/result" in caplog.messages
+
+
+class TestSentResponses:
+    async def test_a_sent_response_lets_go_of_its_body(self) -> None:
+        """Once json_response()'s body is written the response no longer holds it (aiohttp
+        keeps a connection's last response until the next request on it is answered)."""
+        body = b'{"status":"success"}'
+        writer = mock.Mock(output_size=len(body))
+        for name in ("write_headers", "write", "write_eof", "drain"):
+            setattr(writer, name, mock.AsyncMock(return_value=None))
+        response = json_response(200, body)
+        await response.prepare(make_mocked_request("GET", "/x", writer=writer))
+        assert response.body == body
+        await response.write_eof()
+        writer.write_eof.assert_awaited_once_with(body)
+        assert response.body is None
+        assert response.body_length == len(body)
+
+    async def test_the_access_log_still_has_each_body_length(
+        self, make_harness: Any, caplog: Any
+    ) -> None:
+        """The access log, written after the body is sent, still gets the size of each
+        answer (aiohttp logs the bytes written, head and body: more than the body)."""
+        harness = await make_harness(access_log=True)
+        with caplog.at_level(logging.INFO, logger="rollout_server.access"):
+            admitted = await harness.post_rollout()
+            polled = await harness.poll("r1", admitted.json["polling_lease_token"])
+            missing = await harness.request("GET", "/nothing")
+        lines = [r.getMessage() for r in caplog.records if r.name == "rollout_server.access"]
+        assert len(lines) == 3
+        for line, reply in zip(lines, (admitted, polled, missing), strict=True):
+            logged = re.search(rf'" {reply.status} (\d+) "', line)
+            assert logged is not None, line
+            assert int(logged.group(1)) > len(reply.raw) > 0, (line, reply)
 
 
 class _Protocol:

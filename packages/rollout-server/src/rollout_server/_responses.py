@@ -33,13 +33,26 @@ def encode_json(text: str) -> bytes:
         return _LONE_SURROGATE.sub(_escape_surrogate, text).encode()
 
 
+class _JsonResponse(web.Response):
+    """A response that lets go of its body once the body is sent.
+
+    aiohttp keeps a connection's last response until the next request on that connection
+    is answered, so without this a result body (often many KiB) would live on while the
+    connection idles in a keep-alive pool or carries the next long poll.
+    """
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        await super().write_eof(data)
+        self.body = None  # the access log reads body_length, which write_eof has set
+
+
 def json_response(
     status: int, body: bytes | str, headers: Mapping[str, str] | None = None
 ) -> web.Response:
     """A ``application/json`` response with an already encoded body."""
     if isinstance(body, str):
         body = encode_json(body)
-    return web.Response(status=status, body=body, content_type=_JSON, headers=headers)
+    return _JsonResponse(status=status, body=body, content_type=_JSON, headers=headers)
 
 
 def detail_response(

@@ -50,7 +50,7 @@ from .backend import ExecutionBackend
 from .errors import ServerConfigError, ServeTargetError
 from .shutdown import ShutdownTimeouts
 
-__all__ = ["build_app", "load_target", "main", "serve"]
+__all__ = ["GC_YOUNG_THRESHOLD", "build_app", "load_target", "main", "serve", "tune_collector"]
 
 logger: Final = logging.getLogger("rollout_server.cli")
 
@@ -61,6 +61,14 @@ LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 LISTEN_BACKLOG: Final = 4096
 """Accept-queue length of the listening socket (``listen()`` backlog)."""
+
+GC_YOUNG_THRESHOLD: Final = 10_000
+"""Net container allocations between young-generation collections in the served process
+(CPython's default is 700). With thousands of rollouts in flight, the default promotes
+enough short-lived objects to trigger full collections that walk every live rollout: 5,000
+held rollouts released at once spent 0.5-0.75 s of about 3 s in the collector with the
+default, and 0.06-0.09 s with this value. Cyclic garbage still goes; it is found a little
+later."""
 
 _SERVER_OPTIONS: Final = (
     "api_key_env",
@@ -414,13 +422,21 @@ def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None
     return factory
 
 
+def tune_collector() -> None:
+    """Tune CPython's cyclic collector for serving: move everything alive now (modules, the
+    app) out of its reach, so full collections walk only the rollouts' own objects, and
+    collect the young generation every :data:`GC_YOUNG_THRESHOLD` container allocations
+    (the older generations' thresholds are kept)."""
+    gc.collect()
+    gc.freeze()
+    _young, *older = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *older)
+
+
 async def _serve_command(args: argparse.Namespace) -> int:
     target = load_target(args.target, app_dir=args.app_dir)
     app = await build_app(target, args)
-    # Everything alive now (modules, the app) lives as long as the process: keep it out of
-    # the collector's reach, so full collections walk only the rollouts' own objects.
-    gc.collect()
-    gc.freeze()
+    tune_collector()
     try:
         await serve(app, host=args.host, port=args.port, port_file=args.port_file)
     except OSError as exc:
