@@ -330,6 +330,9 @@ class TestConstruction:
             ({"api_key": "a\nb"}, "control characters"),
             ({"max_body_bytes": 0}, "max_body_bytes must be a positive int"),
             ({"keepalive_timeout_sec": 0}, "keepalive_timeout_sec must be > 0"),
+            ({"status_change_grace_sec": -0.1}, "status_change_grace_sec must be >= 0"),
+            ({"status_change_grace_sec": math.nan}, "status_change_grace_sec must be a finite"),
+            ({"status_change_grace_sec": True}, "status_change_grace_sec must be a finite"),
         ],
     )
     def test_bad_arguments_raise_value_errors(

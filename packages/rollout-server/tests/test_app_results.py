@@ -112,10 +112,13 @@ class TestLongPoll:
     async def test_wakes_on_each_status_change(
         self, make_harness: Any, queue_reporting: Any
     ) -> None:
-        """With a 30 s wait, each poll returns as soon as the status changes: queued →
-        running → grading → success."""
+        """With a 30 s wait and no status-change grace (osmosis-ai's timing), each poll
+        returns as soon as the status changes: queued → running → grading → success."""
         harness = await make_harness(
-            backend=queue_reporting(), result_wait_timeout_sec=30.0, polling_lease_timeout_sec=60.0
+            backend=queue_reporting(),
+            result_wait_timeout_sec=30.0,
+            polling_lease_timeout_sec=60.0,
+            status_change_grace_sec=0.0,
         )
         token = await harness.admit("r1")
         run = await harness.backend.started("r1")
@@ -131,6 +134,55 @@ class TestLongPoll:
                 change()
                 reply = await poll
                 assert reply.json["status"] == expected
+        assert reply.json["sample"]["reward"] == 0.5
+
+    async def test_a_change_ends_the_wait_within_the_grace(
+        self, make_harness: Any, queue_reporting: Any
+    ) -> None:
+        """With a 30 s wait and a 0.2 s grace, a poll woken by running → grading answers
+        ``grading`` long before its wait is over."""
+        harness = await make_harness(
+            backend=queue_reporting(),
+            result_wait_timeout_sec=30.0,
+            polling_lease_timeout_sec=60.0,
+            status_change_grace_sec=0.2,
+        )
+        token = await harness.admit("r1")
+        run = await harness.backend.started("r1")
+        run.status(RolloutStatus.RUNNING)
+        poll = asyncio.create_task(harness.poll("r1", token))
+        await _until_waiting(harness, "r1")
+        run.status(RolloutStatus.GRADING)
+        async with asyncio.timeout(EVENT_SEC):
+            reply = await poll
+        assert reply.json["status"] == "grading"
+        assert reply.json["sample"] is None
+        run.succeed(0.5)
+
+    async def test_a_result_within_the_grace_is_answered_instead_of_the_change(
+        self, make_harness: Any, queue_reporting: Any
+    ) -> None:
+        """A poll waiting in ``running`` sees grading begin, and the result follows within
+        the grace: that one poll answers the result (one round trip instead of two)."""
+        harness = await make_harness(
+            backend=queue_reporting(),
+            result_wait_timeout_sec=30.0,
+            polling_lease_timeout_sec=60.0,
+            status_change_grace_sec=EVENT_SEC,
+        )
+        token = await harness.admit("r1")
+        run = await harness.backend.started("r1")
+        run.status(RolloutStatus.RUNNING)
+        poll = asyncio.create_task(harness.poll("r1", token))
+        await _until_waiting(harness, "r1")
+        run.status(RolloutStatus.GRADING)
+        await asyncio.sleep(0.2)  # without the grace, the poll would answer ``grading`` now
+        assert not poll.done()
+        assert harness.server.registry.get("r1").status is RolloutStatus.GRADING
+        run.succeed(0.5)
+        async with asyncio.timeout(EVENT_SEC):
+            reply = await poll
+        assert reply.json["status"] == "success"
         assert reply.json["sample"]["reward"] == 0.5
 
     async def test_change_between_polls_shows_at_the_next_change(

@@ -104,6 +104,7 @@ class TestOptions:
             "--polling-lease-timeout-sec",
             "--result-retention-sec",
             "--keepalive-timeout-sec",
+            "--status-change-grace-sec",
             "--max-body-bytes",
             "--access-log",
             "--drain-timeout-sec",
@@ -153,10 +154,13 @@ class TestTargets:
             "9",
             "--drain-timeout-sec",
             "0.5",
+            "--status-change-grace-sec",
+            "0",
         )
         server = (await build_app(target, args))[ROLLOUT_SERVER_KEY]
         assert (server.result_wait_timeout_sec, server.polling_lease_timeout_sec) == (2.0, 9.0)
         assert server.shutdown_timeouts.drain_sec == 0.5
+        assert server.status_change_grace_sec == 0.0
 
     async def test_options_with_a_built_app_are_refused(self, app_dir: Path) -> None:
         """Server options cannot silently be ignored for an app that is built already."""

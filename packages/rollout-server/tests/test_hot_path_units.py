@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rollout_server import _deadlines, _offload
-from rollout_server._deadlines import DeadlineQueue
+from rollout_server._deadlines import DeadlineQueue, pending_argument
 from rollout_server._logsink import TurnBufferedStreamHandler
 from rollout_server._offload import BatchOffloader
 from rollout_server.registry import TOKEN_BYTES, _TokenSource
@@ -232,6 +232,29 @@ class TestDeadlineQueue:
         finally:
             loop.set_exception_handler(None)
         assert [type(context["exception"]) for context in reported] == [RuntimeError]
+
+    async def test_bring_forward_moves_only_later_pending_deadlines(self) -> None:
+        """bring_forward() replaces a later pending entry with one due at the new time
+        (the old one never fires); an entry due by then, or one no longer pending, is
+        returned as it is."""
+        loop = asyncio.get_running_loop()
+        queue = DeadlineQueue()
+        fired: list[str] = []
+        done = loop.create_future()
+        now = loop.time()
+        far = queue.add(loop, now + 3600.0, fired.append, "moved")
+        near = queue.add(loop, now + 0.01, fired.append, "near")
+        moved = queue.bring_forward(loop, far, now + 0.02)
+        assert moved is not far
+        assert pending_argument(far) is None
+        assert pending_argument(moved) == "moved"
+        assert queue.bring_forward(loop, near, now + 0.02) is near
+        queue.add(loop, now + 0.03, done.set_result, None)
+        async with asyncio.timeout(WAIT_SEC):
+            await done
+        assert fired == ["near", "moved"]
+        assert queue.bring_forward(loop, moved, now) is moved  # fired: left as it is
+        assert len(queue) == 0
 
     async def test_cancelled_entries_are_compacted(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Once cancelled entries outnumber live ones (past the minimum), the heap drops

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 from typing import Any
 from unittest import mock
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
@@ -178,8 +180,14 @@ class TestKeepaliveTimer:
 
 class TestFrameFreeWait:
     @staticmethod
-    def _registry_with(rollout_id: str) -> tuple[RolloutRegistry, RolloutRecord, Any]:
-        registry = RolloutRegistry(polling_lease_timeout_sec=60.0, result_retention_sec=60.0)
+    def _registry_with(
+        rollout_id: str, grace_sec: float = 0.0
+    ) -> tuple[RolloutRegistry, RolloutRecord, Any]:
+        registry = RolloutRegistry(
+            polling_lease_timeout_sec=60.0,
+            result_retention_sec=60.0,
+            status_change_grace_sec=grace_sec,
+        )
         gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         async def body() -> None:
@@ -203,6 +211,52 @@ class TestFrameFreeWait:
         assert registry2.begin_wait(record2, record2.status, 5.0) is None
         gate2.set_result(None)
         registry2.close()
+
+    async def test_a_status_change_ends_the_wait_within_the_grace(self) -> None:
+        """A non-terminal change leaves the wait listed and pending, due within the grace;
+        a publication in the meantime ends it at once; with no grace the change ends it at
+        once."""
+        registry, record, gate = self._registry_with("r1", grace_sec=EVENT_SEC)
+        wait = registry.begin_wait(record, record.status, 3 * EVENT_SEC)
+        assert wait is not None
+        registry.set_status(record, RolloutStatus.RUNNING)
+        assert not wait.done()
+        assert record.waiting == 1
+        registry.publish(record, status=RolloutStatus.SUCCESS)
+        assert wait.done()
+        registry.end_wait(record, wait)
+        assert record.waiting == 0
+        gate.set_result(None)
+        registry.close()
+
+        short, record2, gate2 = self._registry_with("r2", grace_sec=0.05)
+        wait2 = short.begin_wait(record2, record2.status, 3 * EVENT_SEC)
+        assert wait2 is not None
+        short.set_status(record2, RolloutStatus.RUNNING)
+        async with asyncio.timeout(EVENT_SEC):
+            await wait2  # due by the grace, long before its own 30 s
+        short.end_wait(record2, wait2)
+        gate2.set_result(None)
+        short.close()
+
+        eager, record3, gate3 = self._registry_with("r3", grace_sec=0.0)
+        wait3 = eager.begin_wait(record3, record3.status, 3 * EVENT_SEC)
+        assert wait3 is not None
+        eager.set_status(record3, RolloutStatus.RUNNING)
+        assert wait3.done()
+        assert record3.waiting == 0
+        gate3.set_result(None)
+        eager.close()
+
+    def test_a_negative_grace_is_refused(self) -> None:
+        """status_change_grace_sec below 0 (or NaN) is a ValueError naming it."""
+        for bad in (-1.0, math.nan):
+            with pytest.raises(ValueError, match="status_change_grace_sec"):
+                RolloutRegistry(
+                    polling_lease_timeout_sec=60.0,
+                    result_retention_sec=60.0,
+                    status_change_grace_sec=bad,
+                )
 
     async def test_a_status_change_ends_the_wait_and_end_wait_unlists_it(self) -> None:
         """The future of begin_wait() is done on a status change; a timed-out wait is

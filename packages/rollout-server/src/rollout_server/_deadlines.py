@@ -78,6 +78,21 @@ class DeadlineQueue:
             self._arm(loop, when)
         return entry
 
+    def bring_forward(self, loop: asyncio.AbstractEventLoop, entry: Entry, when: float) -> Entry:
+        """Make a pending ``entry`` due at loop time ``when`` (seconds) at the latest.
+
+        Returns:
+            ``entry`` itself when it is due by then already (or no longer pending), else
+            the entry that replaces it (same callback and argument; ``entry`` is
+            cancelled).
+        """
+        callback = entry[2]
+        if callback is None or entry[0] <= when:
+            return entry
+        argument = entry[3]
+        self.cancel(entry)
+        return self.add(loop, when, callback, argument)
+
     def cancel(self, entry: Entry) -> None:
         """Drop ``entry`` (no effect if it has fired or is cancelled already)."""
         if entry[2] is None:

@@ -48,6 +48,7 @@ from .app import (
 )
 from .backend import ExecutionBackend
 from .errors import ServerConfigError, ServeTargetError
+from .registry import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from .shutdown import ShutdownTimeouts
 
 __all__ = ["GC_YOUNG_THRESHOLD", "build_app", "load_target", "main", "serve", "tune_collector"]
@@ -77,6 +78,7 @@ _SERVER_OPTIONS: Final = (
     "result_retention_sec",
     "max_body_bytes",
     "keepalive_timeout_sec",
+    "status_change_grace_sec",
     "access_log",
     "drain_timeout_sec",
     "cleanup_timeout_sec",
@@ -172,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--polling-lease-timeout-sec": "polling lease (default 120)",
         "--result-retention-sec": "retention of published results (default 900)",
         "--keepalive-timeout-sec": f"HTTP keep-alive (default {DEFAULT_KEEPALIVE_TIMEOUT_SEC:.0f})",
+        "--status-change-grace-sec": (
+            "how long a long poll waits on after a non-terminal status change for the result "
+            f"(default {DEFAULT_STATUS_CHANGE_GRACE_SEC:g}; 0: answer each change at once)"
+        ),
         "--drain-timeout-sec": "shutdown: wait for active work (default 10)",
         "--cleanup-timeout-sec": "shutdown: wait after requesting cancellation (default 120)",
         "--force-timeout-sec": "shutdown: wait after forced cancellation (default 10)",
@@ -261,6 +267,7 @@ def _server_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "polling_lease_timeout_sec",
         "result_retention_sec",
         "keepalive_timeout_sec",
+        "status_change_grace_sec",
         "max_body_bytes",
     ):
         value = getattr(args, name)
