@@ -136,16 +136,17 @@ class TestLongPoll:
                 assert reply.json["status"] == expected
         assert reply.json["sample"]["reward"] == 0.5
 
-    async def test_a_change_ends_the_wait_within_the_grace(
-        self, make_harness: Any, queue_reporting: Any
-    ) -> None:
-        """With a 30 s wait and a 0.2 s grace, a poll woken by running → grading answers
-        ``grading`` long before its wait is over."""
+    @staticmethod
+    async def _grading_begins_under_a_poll(
+        make_harness: Any, queue_reporting: Any, grace_sec: float
+    ) -> tuple[Any, Any, asyncio.Task[Any]]:
+        """Admit r1, let a poll wait in ``running`` (30 s wait), then start grading;
+        return the harness, the run and the poll's task."""
         harness = await make_harness(
             backend=queue_reporting(),
             result_wait_timeout_sec=30.0,
             polling_lease_timeout_sec=60.0,
-            status_change_grace_sec=0.2,
+            status_change_grace_sec=grace_sec,
         )
         token = await harness.admit("r1")
         run = await harness.backend.started("r1")
@@ -153,6 +154,16 @@ class TestLongPoll:
         poll = asyncio.create_task(harness.poll("r1", token))
         await _until_waiting(harness, "r1")
         run.status(RolloutStatus.GRADING)
+        return harness, run, poll
+
+    async def test_a_change_ends_the_wait_within_the_grace(
+        self, make_harness: Any, queue_reporting: Any
+    ) -> None:
+        """With a 30 s wait and a 0.2 s grace, a poll woken by running → grading answers
+        ``grading`` long before its wait is over."""
+        _harness, run, poll = await self._grading_begins_under_a_poll(
+            make_harness, queue_reporting, 0.2
+        )
         async with asyncio.timeout(EVENT_SEC):
             reply = await poll
         assert reply.json["status"] == "grading"
@@ -164,18 +175,9 @@ class TestLongPoll:
     ) -> None:
         """A poll waiting in ``running`` sees grading begin, and the result follows within
         the grace: that one poll answers the result (one round trip instead of two)."""
-        harness = await make_harness(
-            backend=queue_reporting(),
-            result_wait_timeout_sec=30.0,
-            polling_lease_timeout_sec=60.0,
-            status_change_grace_sec=EVENT_SEC,
+        harness, run, poll = await self._grading_begins_under_a_poll(
+            make_harness, queue_reporting, EVENT_SEC
         )
-        token = await harness.admit("r1")
-        run = await harness.backend.started("r1")
-        run.status(RolloutStatus.RUNNING)
-        poll = asyncio.create_task(harness.poll("r1", token))
-        await _until_waiting(harness, "r1")
-        run.status(RolloutStatus.GRADING)
         await asyncio.sleep(0.2)  # without the grace, the poll would answer ``grading`` now
         assert not poll.done()
         assert harness.server.registry.get("r1").status is RolloutStatus.GRADING

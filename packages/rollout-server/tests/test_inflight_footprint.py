@@ -212,41 +212,46 @@ class TestFrameFreeWait:
         gate2.set_result(None)
         registry2.close()
 
-    async def test_a_status_change_ends_the_wait_within_the_grace(self) -> None:
-        """A non-terminal change leaves the wait listed and pending, due within the grace;
-        a publication in the meantime ends it at once; with no grace the change ends it at
-        once."""
-        registry, record, gate = self._registry_with("r1", grace_sec=EVENT_SEC)
+    def _change_under_a_wait(
+        self, grace_sec: float
+    ) -> tuple[RolloutRegistry, RolloutRecord, Any, asyncio.Future[None]]:
+        """A registry with that grace, one rollout, a 30 s wait on it, then queued → running."""
+        registry, record, gate = self._registry_with("r1", grace_sec=grace_sec)
         wait = registry.begin_wait(record, record.status, 3 * EVENT_SEC)
         assert wait is not None
         registry.set_status(record, RolloutStatus.RUNNING)
-        assert not wait.done()
-        assert record.waiting == 1
-        registry.publish(record, status=RolloutStatus.SUCCESS)
-        assert wait.done()
+        return registry, record, gate, wait
+
+    @staticmethod
+    def _finish(registry: RolloutRegistry, record: RolloutRecord, gate: Any, wait: Any) -> None:
         registry.end_wait(record, wait)
         assert record.waiting == 0
         gate.set_result(None)
         registry.close()
 
-        short, record2, gate2 = self._registry_with("r2", grace_sec=0.05)
-        wait2 = short.begin_wait(record2, record2.status, 3 * EVENT_SEC)
-        assert wait2 is not None
-        short.set_status(record2, RolloutStatus.RUNNING)
-        async with asyncio.timeout(EVENT_SEC):
-            await wait2  # due by the grace, long before its own 30 s
-        short.end_wait(record2, wait2)
-        gate2.set_result(None)
-        short.close()
+    async def test_a_result_within_the_grace_ends_the_wait_at_once(self) -> None:
+        """A non-terminal change leaves the wait listed and pending; a publication within
+        the grace ends it at once."""
+        registry, record, gate, wait = self._change_under_a_wait(EVENT_SEC)
+        assert not wait.done()
+        assert record.waiting == 1
+        registry.publish(record, status=RolloutStatus.SUCCESS)
+        assert wait.done()
+        self._finish(registry, record, gate, wait)
 
-        eager, record3, gate3 = self._registry_with("r3", grace_sec=0.0)
-        wait3 = eager.begin_wait(record3, record3.status, 3 * EVENT_SEC)
-        assert wait3 is not None
-        eager.set_status(record3, RolloutStatus.RUNNING)
-        assert wait3.done()
-        assert record3.waiting == 0
-        gate3.set_result(None)
-        eager.close()
+    async def test_a_change_ends_the_wait_by_the_grace(self) -> None:
+        """Without a result, the wait ends at the grace (0.05 s), not at its own 30 s."""
+        registry, record, gate, wait = self._change_under_a_wait(0.05)
+        async with asyncio.timeout(EVENT_SEC):
+            await wait
+        self._finish(registry, record, gate, wait)
+
+    async def test_without_a_grace_a_change_ends_the_wait_at_once(self) -> None:
+        """With a grace of 0 (osmosis-ai's timing) the change itself ends the wait."""
+        registry, record, gate, wait = self._change_under_a_wait(0.0)
+        assert wait.done()
+        assert record.waiting == 0
+        self._finish(registry, record, gate, wait)
 
     def test_a_negative_grace_is_refused(self) -> None:
         """status_change_grace_sec below 0 (or NaN) is a ValueError naming it."""
