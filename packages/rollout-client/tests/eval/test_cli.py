@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
 import pytest
 
-from rollout_client.eval.cli import build_parser, main, options_from_args
+from rollout_client.eval.cli import (
+    GC_YOUNG_THRESHOLD,
+    build_parser,
+    collector_tuned,
+    main,
+    options_from_args,
+)
 
 
 def run_args(dataset: Path, *extra: str) -> list[str]:
@@ -73,6 +80,37 @@ class TestOptions:
         with pytest.raises(SystemExit) as caught:
             build_parser().parse_args(run_args(dataset, "--resume", "--fresh"))
         assert caught.value.code == 2
+
+
+class TestCollector:
+    def test_a_run_tunes_the_collector_and_restores_it(self) -> None:
+        """Inside collector_tuned() what lived before is frozen and only the young
+        generation's threshold is GC_YOUNG_THRESHOLD; afterwards both are as before."""
+        gc.unfreeze()  # start with nothing frozen, as a fresh rollout-eval process does
+        before = gc.get_threshold()
+        with collector_tuned():
+            assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:])
+            assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == before
+        assert gc.get_freeze_count() == 0
+
+    def test_objects_frozen_before_stay_frozen(self) -> None:
+        """A process that froze objects itself keeps them frozen after the run."""
+        gc.freeze()
+        try:
+            frozen = gc.get_freeze_count()
+            with collector_tuned():
+                pass
+            assert gc.get_freeze_count() >= frozen > 0
+        finally:
+            gc.unfreeze()
+
+    def test_the_collector_is_restored_when_the_run_fails(self) -> None:
+        """An exception inside still restores the thresholds."""
+        before = gc.get_threshold()
+        with pytest.raises(RuntimeError, match="boom"), collector_tuned():
+            raise RuntimeError("boom")
+        assert gc.get_threshold() == before
 
 
 class TestMain:
