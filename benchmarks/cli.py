@@ -28,8 +28,15 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from benchmarks.processes import ROOT, HarnessError, ServerProcess, run_loadgen
-from benchmarks.report import cross_table, main_table, rows_for, summary_records, validate_record
-from benchmarks.suite import STACKS, WORKLOADS, Profile, RunSpec, plan_runs, profile_named
+from benchmarks.report import (
+    cross_table,
+    floor_table,
+    main_table,
+    rows_for,
+    summary_records,
+    validate_record,
+)
+from benchmarks.suite import FLOOR, STACKS, WORKLOADS, Profile, RunSpec, plan_runs, profile_named
 
 __all__ = ["main", "run_suite"]
 
@@ -264,7 +271,7 @@ def run_suite(
             echo.write(_progress(spec, record, index, len(specs)) + "\n")
             echo.flush()
         rows = rows_for(profile, workloads)
-        summaries = summary_records(rows, runs, stacks)
+        summaries = summary_records(rows, runs, (*stacks, FLOOR) if "ours" in stacks else stacks)
         for summary in summaries:
             jsonl.write(json.dumps(summary) + "\n")
         records += summaries
@@ -330,6 +337,17 @@ def _markdown(
     ]
     if rows:
         lines += [main_table(rows, summaries), ""]
+    floor = floor_table(rows, summaries)
+    if floor is not None:
+        lines += [
+            "HTTP floor: our client against a bare aiohttp "
+            f"{ours_pkgs.get('aiohttp', '?')} app on uvloop (`benchmarks/apps/floor_app.py`: "
+            "no middleware, registry, lease or backend; the same admissions, long polls and "
+            "release), to show what aiohttp and uvloop alone hold per waiting rollout.",
+            "",
+            floor,
+            "",
+        ]
     if "cross" in workloads or "throughput" in workloads:
         lines += [cross_table(profile, runs), ""]
     failed = [r for r in runs if not r["ok"]]
@@ -379,7 +397,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--inflight-count",
         type=int,
         action="append",
-        help="held rollouts, for every stack (repeatable)",
+        help="held rollouts, for every stack and the HTTP floor (repeatable)",
     )
     parser.add_argument(
         "--hold-sec", type=float, help="in-flight: seconds from first admission to release"
@@ -442,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     inflight = None
     if args.inflight_count:
         counts = tuple(args.inflight_count)
-        inflight = dict.fromkeys(STACKS, counts)
+        inflight = dict.fromkeys((*STACKS, FLOOR), counts)
     profile = profile.with_overrides(
         repetitions=args.repetitions,
         throughput_count=args.throughput_count,
@@ -450,7 +468,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         inflight_counts=inflight,
         hold_sec=args.hold_sec,
     )
-    pythons = {"ours": args.ours_python, "osmosis": args.osmosis_python or ""}
+    pythons = {
+        "ours": args.ours_python,
+        "osmosis": args.osmosis_python or "",
+        FLOOR: args.ours_python,
+    }
     loops = {"ours": args.ours_client_loop, "osmosis": "asyncio"}
     began = time.monotonic()
     jsonl_path, md_path, records = run_suite(

@@ -19,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
+from benchmarks.suite import FLOOR
+
 __all__ = [
     "HarnessError",
     "ServerProcess",
@@ -80,13 +82,14 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 
 class ServerProcess:
-    """One rollout server of ``stack`` ("ours" or "osmosis") on 127.0.0.1, port 0.
+    """One rollout server of ``stack`` ("ours", "osmosis", or the HTTP floor) on 127.0.0.1.
 
     Use as a context manager: entering starts it and waits until ``GET /health`` answers
     200; leaving stops it by its PID and deletes its artifact directory.
 
     Args:
-        stack: Which implementation to serve.
+        stack: Which implementation to serve: ``ours``, ``osmosis``, or
+            :data:`~benchmarks.suite.FLOOR` (run with our stack's interpreter).
         python: The interpreter of that stack's venv.
         log_path: Where the server's stdout and stderr go.
         py_spy: A ``py-spy`` executable: when given, it samples the server while it runs
@@ -115,8 +118,8 @@ class ServerProcess:
     ) -> None:
         if py_spy is not None and profile_path is None:
             raise ValueError("profile_path is required with py_spy")
-        if stack not in ("ours", "osmosis"):
-            raise ValueError(f"stack must be 'ours' or 'osmosis'; got {stack!r}")
+        if stack not in ("ours", "osmosis", FLOOR):
+            raise ValueError(f"stack must be 'ours', 'osmosis' or {FLOOR!r}; got {stack!r}")
         self.stack = stack
         self.python = python
         self.log_path = log_path
@@ -153,7 +156,8 @@ class ServerProcess:
                 "--app-dir",
                 str(ROOT),
             ]
-        return [self.python, "-m", "benchmarks.apps.osmosis_serve", "--port-file", str(port_file)]
+        module = "floor_app" if self.stack == FLOOR else "osmosis_serve"
+        return [self.python, "-m", f"benchmarks.apps.{module}", "--port-file", str(port_file)]
 
     def __enter__(self) -> Self:
         self._workdir = Path(

@@ -5,8 +5,8 @@ Records are JSON objects, one a line, each with a ``type``:
 - ``meta``: when, where and with what the suite ran.
 - ``run``: one load-generator run (the figures of :mod:`benchmarks.loadgen` plus the
   run's spec, ``ok`` and ``error``).
-- ``summary``: one table cell: a metric of one stack over the repetitions (median, min,
-  max, n).
+- ``summary``: one table cell: a metric of one stack (or of the HTTP floor) over the
+  repetitions (median, min, max, n).
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from benchmarks.stats import summarize
-from benchmarks.suite import Profile
+from benchmarks.suite import FLOOR, Profile
 
 __all__ = [
     "Row",
     "Target",
     "cross_table",
+    "floor_table",
     "main_table",
     "rows_for",
     "summary_records",
@@ -30,6 +31,9 @@ __all__ = [
 ]
 
 OSMOSIS_TITLE: Final = "osmosis-ai 0.3.8"
+
+CLIENT_OF: Final = {"ours": "ours", "osmosis": "osmosis", FLOOR: "ours"}
+"""The client of each server's summarised runs: each stack's own; the floor runs ours."""
 
 _CLOSED_KEYS: Final = {
     "completed": int,
@@ -330,11 +334,16 @@ def _values(runs: Iterable[Mapping[str, Any]], metric: str) -> list[float]:
 def summary_records(
     rows: Sequence[Row], runs: Sequence[Mapping[str, Any]], stacks: Iterable[str]
 ) -> list[dict[str, Any]]:
-    """One ``summary`` record per row and stack that has figures."""
+    """One ``summary`` record per row and stack (or :data:`~benchmarks.suite.FLOOR`) that
+    has figures: the runs of that server with the client of :data:`CLIENT_OF`."""
     records: list[dict[str, Any]] = []
     for row in rows:
         for stack in stacks:
-            chosen = [r for r in runs if r["client"] == stack and row.select(r)]
+            chosen = [
+                r
+                for r in runs
+                if r["server"] == stack and r["client"] == CLIENT_OF[stack] and row.select(r)
+            ]
             cell = _cell(_values(chosen, row.metric))
             if cell is not None:
                 records.append(
@@ -401,6 +410,28 @@ def main_table(rows: Sequence[Row], summaries: Sequence[Mapping[str, Any]]) -> s
             + " |"
         )
     return "\n".join(lines)
+
+
+def floor_table(rows: Sequence[Row], summaries: Sequence[Mapping[str, Any]]) -> str | None:
+    """Our server against the HTTP floor under the same client and in-flight load, or None
+    when no floor run has figures.
+
+    The last column (ours minus the floor) is what our server holds or spends beyond bare
+    aiohttp. Failed-rollout counts are left out (the runs' records and the main table have
+    them).
+    """
+    index = {(s["label"], s["stack"]): s for s in summaries}
+    lines = [
+        "| our client, in flight | bare aiohttp (floor) | ours | ours beyond the floor |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in rows:
+        floor, ours = index.get((row.label, FLOOR)), index.get((row.label, "ours"))
+        if floor is None or row.metric == "failed":
+            continue
+        difference = "—" if ours is None else fmt(ours["median"] - floor["median"])
+        lines.append(f"| {row.label} | {_show(floor)} | {_show(ours)} | {difference} |")
+    return "\n".join(lines) if len(lines) > 2 else None
 
 
 def cross_table(profile: Profile, runs: Sequence[Mapping[str, Any]]) -> str:

@@ -6,6 +6,8 @@ Workloads (each repeated ``repetitions`` times; every run has a fresh server pro
 - ``notify``: a workflow that sleeps 200 ms at concurrency 64; the end-to-end latency
   minus the sleep shows how fast the long poll delivers completion.
 - ``inflight``: thousands of held rollouts long-polling at once, then released together.
+  With our stack it also runs our client against the HTTP floor (:data:`FLOOR`): a bare
+  aiohttp app that answers the same admissions and long polls and does nothing else.
 - ``cpu``: server and client CPU per rollout at concurrency 512 (the throughput runs at
   that concurrency serve it when both are selected).
 - ``cross``: our client against the osmosis server and the osmosis client against ours.
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 __all__ = [
+    "FLOOR",
     "STACKS",
     "WORKLOADS",
     "Profile",
@@ -32,6 +35,8 @@ __all__ = [
 ]
 
 STACKS: Final = ("ours", "osmosis")
+FLOOR: Final = "floor"
+"""The server of the HTTP-floor runs (``benchmarks.apps.floor_app``), driven by our client."""
 WORKLOADS: Final = ("throughput", "notify", "inflight", "cpu", "cross")
 
 
@@ -50,7 +55,8 @@ class Profile:
         notify_count: Measured rollouts per notification run.
         notify_concurrency: Client concurrency of the notification workload.
         notify_sleep_sec: Workflow sleep of the notification workload, seconds.
-        inflight_counts: Held rollouts per in-flight run, by server stack.
+        inflight_counts: Held rollouts per in-flight run, by server: a stack, or
+            :data:`FLOOR` (run when our stack is selected).
         hold_sec: Seconds from the first admission to the release, at least.
         idle_min_sec: Shortest idle window (CPU measured) after the last admission, seconds.
         settle_sec: Pause between the last admission and the idle window, seconds.
@@ -91,7 +97,7 @@ FULL: Final = Profile(
     notify_count=640,
     notify_concurrency=64,
     notify_sleep_sec=0.2,
-    inflight_counts={"ours": (5000, 10000), "osmosis": (5000,)},
+    inflight_counts={"ours": (5000, 10000), "osmosis": (5000,), FLOOR: (5000,)},
     hold_sec=20.0,
     idle_min_sec=5.0,
     settle_sec=1.0,
@@ -110,7 +116,7 @@ QUICK: Final = Profile(
     notify_count=128,
     notify_concurrency=64,
     notify_sleep_sec=0.2,
-    inflight_counts={"ours": (500,), "osmosis": (500,)},
+    inflight_counts={"ours": (500,), "osmosis": (500,), FLOOR: (500,)},
     hold_sec=3.0,
     idle_min_sec=1.0,
     settle_sec=0.5,
@@ -129,7 +135,7 @@ TINY: Final = Profile(
     notify_count=4,
     notify_concurrency=2,
     notify_sleep_sec=0.05,
-    inflight_counts={"ours": (6,), "osmosis": (6,)},
+    inflight_counts={"ours": (6,), "osmosis": (6,), FLOOR: (6,)},
     hold_sec=0.3,
     idle_min_sec=0.1,
     settle_sec=0.1,
@@ -247,7 +253,8 @@ def plan_runs(
         stacks: The selected stacks (a subset of :data:`STACKS`); ``cross`` needs both.
 
     Returns:
-        The runs, repetition by repetition, stacks alternating.
+        The runs, repetition by repetition, stacks alternating; in-flight runs against
+        :data:`FLOOR` follow our stack's.
 
     Raises:
         ValueError: For an unknown workload or stack.
@@ -323,12 +330,15 @@ def plan_runs(
                     )
         if "inflight" in workloads:
             for stack in _pairs(stacks, rep):
-                for count in p.inflight_counts.get(stack, ()):
+                # Our client against the HTTP floor runs right after our own server.
+                servers = (stack, FLOOR) if stack == "ours" else (stack,)
+                counts = [(s, n) for s in servers for n in p.inflight_counts.get(s, ())]
+                for server, count in counts:
                     runs.append(
                         RunSpec(
                             workloads=("inflight",),
                             client=stack,
-                            server=stack,
+                            server=server,
                             shape="inflight",
                             repetition=rep,
                             count=count,

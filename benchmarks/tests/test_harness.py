@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.report import Target, validate_record
+from benchmarks.report import Target, floor_table, rows_for, summary_records, validate_record
 from benchmarks.stats import percentile, summarize
-from benchmarks.suite import FULL, QUICK, TINY, plan_runs
+from benchmarks.suite import FLOOR, FULL, QUICK, TINY, plan_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 OSMOSIS_PYTHON_ENV = "ROLLOUT_INTEROP_OSMOSIS_PYTHON"
@@ -79,10 +79,11 @@ class TestPlanRuns:
         )
         assert len([r for r in runs if r.workloads[0] == "throughput"]) == 3 * 3 * 2
         assert len([r for r in runs if "cpu" in r.workloads]) == 3 * 2
-        assert sorted({(r.server, r.count) for r in runs if r.shape == "inflight"}) == [
-            ("osmosis", 5000),
-            ("ours", 5000),
-            ("ours", 10000),
+        assert sorted({(r.client, r.server, r.count) for r in runs if r.shape == "inflight"}) == [
+            ("osmosis", "osmosis", 5000),
+            ("ours", FLOOR, 5000),
+            ("ours", "ours", 5000),
+            ("ours", "ours", 10000),
         ]
         assert {(r.client, r.server) for r in runs if r.workloads == ("cross",)} == {
             ("ours", "osmosis"),
@@ -104,6 +105,12 @@ class TestPlanRuns:
         """Without a throughput run at its concurrency, the CPU workload plans its own."""
         runs = plan_runs(QUICK, ("cpu",), ("ours",))
         assert [(r.workloads, r.concurrency) for r in runs] == [(("cpu",), 512)]
+
+    def test_floor_runs_only_with_our_stack(self) -> None:
+        """The HTTP floor is driven by our client, so it runs only when ours is selected."""
+        servers = [r.server for r in plan_runs(TINY, ("inflight",), ("osmosis", "ours"))]
+        assert servers == ["osmosis", "ours", FLOOR]
+        assert [r.server for r in plan_runs(TINY, ("inflight",), ("osmosis",))] == ["osmosis"]
 
     def test_cross_needs_both_stacks(self) -> None:
         """Cross pairs are left out when only one stack is selected."""
@@ -129,6 +136,42 @@ class TestTarget:
         """A zero target fails when any repetition had a non-zero value."""
         cell = {"median": 0.0, "min": 0.0, "max": 2.0, "n": 3}
         assert Target(kind="zero", value=0.0, text="").met(cell, None) is False
+
+
+def inflight_run(server: str, rss_kib: float, client: str = "ours") -> dict[str, Any]:
+    """A minimal in-flight run record: who ran it and its RSS figure."""
+    return {
+        "workloads": ["inflight"],
+        "client": client,
+        "server": server,
+        "count": TINY.inflight_counts["ours"][0],
+        "error": None,
+        "rss_per_inflight_kib": rss_kib,
+    }
+
+
+class TestFloorReport:
+    def test_summaries_keep_floor_and_cross_runs_apart(self) -> None:
+        """Floor runs (our client) feed the floor's cells, never ours; a mixed pair feeds
+        neither stack."""
+        rows = [r for r in rows_for(TINY, ("inflight",)) if r.metric == "rss_per_inflight_kib"]
+        runs = [
+            inflight_run("ours", 15.0),
+            inflight_run(FLOOR, 11.0),
+            inflight_run("ours", 99.0, client="osmosis"),
+        ]
+        cells = {s["stack"]: s["median"] for s in summary_records(rows, runs, ("ours", FLOOR))}
+        assert cells == {"ours": 15.0, FLOOR: 11.0}
+
+    def test_floor_table_shows_what_ours_adds(self) -> None:
+        """The floor table puts ours next to the floor with the difference; without floor
+        figures there is no table."""
+        rows = rows_for(TINY, ("inflight",))
+        runs = [inflight_run("ours", 15.5), inflight_run(FLOOR, 11.25)]
+        table = floor_table(rows, summary_records(rows, runs, ("ours", FLOOR)))
+        assert table is not None
+        assert "| server RSS KiB per in-flight rollout (6) | 11.2 | 15.5 | 4.25 |" in table
+        assert floor_table(rows, summary_records(rows, runs[:1], ("ours", FLOOR))) is None
 
 
 class TestValidateRecord:
@@ -181,10 +224,12 @@ class TestTinySuite:
         assert {r["admitted"] for r in runs if r["shape"] == "inflight"} == {
             TINY.inflight_counts["ours"][0]
         }
+        assert {r["server"] for r in runs if r["shape"] == "inflight"} == {"ours", FLOOR}
         summaries = [r for r in records if r["type"] == "summary"]
-        assert {s["stack"] for s in summaries} == {"ours"}
+        assert {s["stack"] for s in summaries} == {"ours", FLOOR}
         table = (tmp_path / "latest.md").read_text("utf-8")
         assert "| workload | metric | ours | osmosis-ai 0.3.8 |" in table
+        assert "| our client, in flight | bare aiohttp (floor) | ours |" in table
 
     @pytest.mark.osmosis
     def test_both_stacks_and_cross_pairs(self, tmp_path: Path) -> None:
