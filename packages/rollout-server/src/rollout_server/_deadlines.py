@@ -14,16 +14,23 @@ import itertools
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["DeadlineQueue", "Entry", "pending_argument"]
+__all__ = ["DeadlineQueue", "Entry", "due_at", "pending_argument"]
 
 Entry = list[Any]
 """A scheduled deadline: ``[when, sequence, callback, argument]`` (callback None once
-cancelled). Treat it as opaque: read it with :func:`pending_argument`."""
+cancelled). Treat it as opaque: read it with :func:`pending_argument` and
+:func:`due_at`."""
 
 
 def pending_argument(entry: Entry) -> Any:
     """The argument of a deadline still pending; None once it has fired or been cancelled."""
     return entry[3]
+
+
+def due_at(entry: Entry) -> float:
+    """The loop time (seconds) at which ``entry`` is (or was) due."""
+    when: float = entry[0]
+    return when
 
 
 FIRE_SLACK_SEC: Final = 0.001
@@ -78,20 +85,32 @@ class DeadlineQueue:
             self._arm(loop, when)
         return entry
 
-    def bring_forward(self, loop: asyncio.AbstractEventLoop, entry: Entry, when: float) -> Entry:
+    def bring_forward(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        entry: Entry,
+        when: float,
+        callback: Callable[[Any], object] | None = None,
+    ) -> Entry:
         """Make a pending ``entry`` due at loop time ``when`` (seconds) at the latest.
+
+        Args:
+            loop: The loop of the queue.
+            entry: The pending deadline.
+            when: Its new latest time, loop seconds.
+            callback: What the moved entry calls instead of its own callback (with the
+                same argument); None keeps its own.
 
         Returns:
             ``entry`` itself when it is due by then already (or no longer pending), else
-            the entry that replaces it (same callback and argument; ``entry`` is
-            cancelled).
+            the entry that replaces it (``entry`` is cancelled).
         """
-        callback = entry[2]
-        if callback is None or entry[0] <= when:
+        own = entry[2]
+        if own is None or entry[0] <= when:
             return entry
         argument = entry[3]
         self.cancel(entry)
-        return self.add(loop, when, callback, argument)
+        return self.add(loop, when, own if callback is None else callback, argument)
 
     def cancel(self, entry: Entry) -> None:
         """Drop ``entry`` (no effect if it has fired or is cancelled already)."""

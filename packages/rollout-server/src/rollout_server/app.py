@@ -90,7 +90,8 @@ class RolloutServer:
         keepalive_timeout_sec: HTTP keep-alive of idle connections, seconds.
         access_log: Whether one line per request is logged to ``rollout_server.access``.
         status_change_grace_sec: How long a long poll goes on waiting after a non-terminal
-            status change, for a result that may follow, seconds.
+            status change, for a result that may follow, seconds (put off while the event
+            loop is saturated).
         shutdown_timeouts: Bounds of the staged shutdown.
     """
 
@@ -440,8 +441,11 @@ def create_rollout_server(
         status_change_grace_sec: After a non-terminal status change (``queued`` →
             ``running`` → ``grading``), a waiting long poll answers within this many
             seconds, or at once with the result if that is published meanwhile: one round
-            trip instead of two when a quick grader follows the workflow. 0 answers every
-            change at once (osmosis-ai's timing). Finite and >= 0; default 1.0.
+            trip instead of two when a quick grader follows the workflow. A grace during
+            which the event loop was saturated (its thread on the CPU for at least 90% of
+            the time) is put off by another grace, up to the poll's own wait: a busy
+            server answers results rather than progress. 0 answers every change at once
+            (osmosis-ai's timing). Finite and >= 0; default 1.0.
 
     Returns:
         The application; its :class:`RolloutServer` is ``app[ROLLOUT_SERVER_KEY]``.

@@ -16,7 +16,9 @@ entry. Publication resolves the list at once; a non-terminal status change bring
 entry forward to at most ``status_change_grace_sec`` away, so a result published within
 that time is answered instead of the passing status (one round trip instead of two:
 LocalBackend goes ``running`` → ``grading`` → published within a millisecond for a quick
-grader).
+grader). A grace that ends while the event loop has been saturated all along is put off by
+another grace, up to the poll's own wait: a busy server answers the result rather than
+spend its time on progress answers and the re-polls they bring.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextvars
+import functools
 import hashlib
 import hmac
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
@@ -41,7 +45,7 @@ from rollout_types import (
     dumps,
 )
 
-from ._deadlines import DeadlineQueue, Entry, pending_argument
+from ._deadlines import FIRE_SLACK_SEC, DeadlineQueue, Entry, due_at, pending_argument
 from ._responses import encode_json
 
 __all__ = ["DEFAULT_STATUS_CHANGE_GRACE_SEC", "RolloutRecord", "RolloutRegistry"]
@@ -63,6 +67,15 @@ for a result that may follow: then it answers the status it finds (spec 4.6 step
 protocol already leaves a change between two polls unseen for up to a whole wait (30 s by
 default), so callers lose nothing they were promised; a grader or a trajectory write that
 takes longer than this is reported as ``grading`` that much later."""
+
+SATURATED_LOOP_SHARE: Final = 0.9
+"""A status-change grace is put off by another grace (up to the poll's own wait) when the
+thread running the event loop spent at least this share of the grace on the CPU (CPU
+seconds per second): the loop was saturated throughout, so the result is likely queued
+behind other work, and a progress answer would add a response and a re-poll to that work.
+With 5,000 held rollouts released together on a 2-core machine, the server needs 1.2-2.3 s
+of CPU; beyond the 1 s grace, polls answered ``grading`` and re-polled, which made the
+burst longer still."""
 
 
 TOKEN_BYTES: Final = 32
@@ -220,7 +233,10 @@ class RolloutRegistry:
         status_change_grace_sec: After a non-terminal status change, each waiting long poll
             ends within this many seconds, or at once when the result is published
             meanwhile; 0 ends them at once. Default
-            :data:`DEFAULT_STATUS_CHANGE_GRACE_SEC`.
+            :data:`DEFAULT_STATUS_CHANGE_GRACE_SEC`. A grace during which the event loop
+            was saturated is put off (:data:`SATURATED_LOOP_SHARE`).
+        loop_cpu_clock: CPU seconds used so far by the thread that runs the event loop,
+            read on that thread; default :func:`time.thread_time`.
     """
 
     def __init__(
@@ -233,6 +249,7 @@ class RolloutRegistry:
             lambda _record, _task: None
         ),
         status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
+        loop_cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         if not status_change_grace_sec >= 0.0:
             raise ValueError(
@@ -242,6 +259,7 @@ class RolloutRegistry:
         self._lease_sec = polling_lease_timeout_sec
         self._retention_sec = result_retention_sec
         self._status_grace_sec = status_change_grace_sec
+        self._loop_cpu_clock = loop_cpu_clock
         self._on_lease_expired = on_lease_expired
         self._on_task_done_hook = on_task_done
         self._records: dict[str, RolloutRecord] = {}
@@ -545,12 +563,57 @@ class RolloutRegistry:
             self._wake(record)
             return
         loop = self.loop
-        by = loop.time() + self._status_grace_sec
+        now = loop.time()
+        cpu = self._loop_cpu_clock()
+        by = now + self._status_grace_sec
         deadlines = self._deadlines
+
+        def move(entry: Entry) -> Entry:
+            check = functools.partial(self._end_grace, record, due_at(entry), now, cpu)
+            return deadlines.bring_forward(loop, entry, by, check)
+
         if isinstance(waiters, tuple):
-            record._waiters = tuple(deadlines.bring_forward(loop, e, by) for e in waiters)
+            record._waiters = tuple(move(entry) for entry in waiters)
         else:
-            record._waiters = deadlines.bring_forward(loop, waiters, by)
+            record._waiters = move(waiters)
+
+    def _end_grace(
+        self,
+        record: RolloutRecord,
+        until: float,
+        since: float,
+        cpu_since: float,
+        fut: asyncio.Future[None],
+    ) -> None:
+        """The grace of a poll waiting on ``record`` is over: end its wait, or put it off by
+        another grace when the loop was saturated since ``since`` (loop seconds; the loop
+        thread's CPU clock read ``cpu_since`` then), never beyond ``until``, the poll's own
+        deadline (loop seconds)."""
+        if fut.done():
+            return
+        loop = self.loop
+        now = loop.time()
+        cpu = self._loop_cpu_clock()
+        span = now - since
+        if (
+            record.body is None
+            and span > FIRE_SLACK_SEC
+            and cpu - cpu_since >= SATURATED_LOOP_SHARE * span
+            and until - now > FIRE_SLACK_SEC
+        ):
+            when = now + self._status_grace_sec
+            if when < until:
+                check = functools.partial(self._end_grace, record, until, now, cpu)
+                entry = self._deadlines.add(loop, when, check, fut)
+            else:
+                entry = self._deadlines.add(loop, until, _resolve, fut)
+            # This poll's own entry has fired; keep the entries still pending, and the new.
+            waiters = record._waiters
+            live = () if waiters is None else _entries(waiters)
+            kept = [other for other in live if pending_argument(other) is not None]
+            record._waiters = entry if not kept else (*kept, entry)
+            return
+        fut.set_result(None)
 
     def _wake(self, record: RolloutRecord) -> None:
         waiters = record._waiters
