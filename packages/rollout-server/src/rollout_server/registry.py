@@ -48,7 +48,12 @@ from rollout_types import (
 from ._deadlines import FIRE_SLACK_SEC, DeadlineQueue, Entry, due_at, pending_argument
 from ._responses import encode_json
 
-__all__ = ["DEFAULT_STATUS_CHANGE_GRACE_SEC", "RolloutRecord", "RolloutRegistry"]
+__all__ = [
+    "DEFAULT_STATUS_CHANGE_GRACE_SEC",
+    "SATURATED_LOOP_SHARE",
+    "RolloutRecord",
+    "RolloutRegistry",
+]
 
 logger: Final = logging.getLogger("rollout_server.registry")
 
