@@ -131,6 +131,14 @@ def _entries(waiters: Entry | tuple[Entry, ...]) -> tuple[Entry, ...]:
     return waiters if isinstance(waiters, tuple) else (waiters,)
 
 
+def _list_waiters(record: RolloutRecord, entries: list[Entry]) -> None:
+    """Keep ``entries`` as the waiting polls of ``record`` (None, one entry, or a tuple)."""
+    if not entries:
+        record._waiters = None
+    else:
+        record._waiters = entries[0] if len(entries) == 1 else tuple(entries)
+
+
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -554,10 +562,7 @@ class RolloutRegistry:
                 self._deadlines.cancel(entry)
             elif other is not None:
                 kept.append(entry)
-        if not kept:
-            record._waiters = None
-        else:
-            record._waiters = kept[0] if len(kept) == 1 else tuple(kept)
+        _list_waiters(record, kept)
 
     def _wake_within_grace(self, record: RolloutRecord) -> None:
         """End every waiting poll of ``record`` within the status-change grace."""
@@ -595,14 +600,13 @@ class RolloutRegistry:
         thread's CPU clock read ``cpu_since`` then), never beyond ``until``, the poll's own
         deadline (loop seconds)."""
         if fut.done():
-            return
+            return  # ended otherwise (publication and close() end every wait at once)
         loop = self.loop
         now = loop.time()
         cpu = self._loop_cpu_clock()
         span = now - since
         if (
-            record.body is None
-            and span > FIRE_SLACK_SEC
+            span > FIRE_SLACK_SEC
             and cpu - cpu_since >= SATURATED_LOOP_SHARE * span
             and until - now > FIRE_SLACK_SEC
         ):
@@ -616,7 +620,7 @@ class RolloutRegistry:
             waiters = record._waiters
             live = () if waiters is None else _entries(waiters)
             kept = [other for other in live if pending_argument(other) is not None]
-            record._waiters = entry if not kept else (*kept, entry)
+            _list_waiters(record, [*kept, entry])
             return
         fut.set_result(None)
 
