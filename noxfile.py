@@ -8,32 +8,34 @@ Python, which is how "install only the client" and "install only the server" sta
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import hashlib
-import io
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 import nox
 
-ROOT = Path(__file__).resolve().parent
-PACKAGES = {
-    "rollout-types": ROOT / "packages" / "rollout-types",
-    "rollout-client": ROOT / "packages" / "rollout-client",
-    "rollout-server": ROOT / "packages" / "rollout-server",
-}
-WHEEL_CACHE = ROOT / ".nox" / "_wheels"
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
+
+# tools/ is put on sys.path just above: the table is a plain module the tests import too.
+from compatibility import (
+    PACKAGES,
+    ROOT,
+    WHEEL_CACHE,
+    CompatPair,
+    Side,
+    compat_table,
+    head_releases,
+    load_releases,
+    package_version,
+    rebuild_release_wheels,
+    wheel_version,
+)
+
 PYTHONS = ["3.11", "3.12", "3.13"]
 TEST_DEPS = ["pytest>=8", "pytest-aiohttp>=1.0", "hypothesis>=6"]
 LINT_PATHS = ["packages", "tests", "noxfile.py", "run.py", "tools", "examples", "benchmarks"]
@@ -66,6 +68,7 @@ nox.options.error_on_missing_interpreters = True
 nox.options.sessions = [
     "lint",
     "typecheck",
+    "dist",
     "tests_types",
     "tests_client",
     "tests_server",
@@ -130,7 +133,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the three packages, their tests' typing file and the noxfile."""
+    """mypy --strict over the packages, the typing file, the compatibility table, the noxfile."""
     session.install("mypy>=1.10", "nox", *TEST_DEPS, "uvloop")
     session.install(
         "-e",
@@ -146,6 +149,7 @@ def typecheck(session: nox.Session) -> None:
         "packages/rollout-client/src/rollout_client",
         "packages/rollout-server/src/rollout_server",
         "tests/typing",
+        "tools/compatibility.py",
         "noxfile.py",
     )
 
@@ -189,6 +193,27 @@ def integration(session: nox.Session) -> None:
         "--ignore=tests/compat",
         "--ignore=tests/typing",
     )
+
+
+DIST_DIR = ROOT / "dist"
+
+
+@nox.session(python="3.11")
+def dist(session: nox.Session) -> None:
+    """Build the sdist and wheel of each distribution into ``dist/`` and ``twine check`` them.
+
+    ``twine check --strict`` validates the metadata and that each README renders on PyPI
+    (``readme-renderer[md]`` renders the Markdown). Nothing is uploaded.
+    """
+    session.install("hatchling>=1.24", "twine>=5", "readme-renderer[md]>=43")
+    shutil.rmtree(DIST_DIR, ignore_errors=True)
+    for package_dir in PACKAGES.values():
+        with session.chdir(package_dir):
+            session.run("python", "-m", "hatchling", "build", "-d", str(DIST_DIR), silent=True)
+    built = sorted(str(path) for path in DIST_DIR.iterdir())
+    if len(built) != 2 * len(PACKAGES):
+        session.error(f"expected an sdist and a wheel per distribution, got {built}")
+    session.run("twine", "check", "--strict", *built)
 
 
 @nox.session(python="3.11")
@@ -267,10 +292,11 @@ def bench(session: nox.Session) -> None:
 # never editable; osmosis-ai from PyPI), and tests/compat runs the shared scenario suite
 # with each pair's client against its server, started as a subprocess on 127.0.0.1 (the
 # interop suites of tests/interop run too). `nox -s interop` is the quick part CI runs:
-# the pairs marked `quick` (this checkout against itself, both osmosis-ai 0.3.8 directions
-# and the osmosis-ai 0.3.2 checks) with the same suites.
+# the pairs marked `quick` (this checkout against itself, both osmosis-ai 0.3.8 directions,
+# the osmosis-ai 0.3.2 checks, and the newest recorded release of each series against this
+# checkout in both directions) with the same suites. The table itself lives in
+# tools/compatibility.py, which the tests import without nox.
 
-RELEASES_FILE = ROOT / "releases.toml"
 SIDES_DIR = ROOT / ".nox" / "_sides"
 PEER_PYTHON = "3.12"
 """Python of every side venv (osmosis-ai needs 3.12) and of the interop/compat sessions."""
@@ -278,278 +304,9 @@ OSMOSIS_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "0.3.8": ("osmosis-ai[server]==0.3.8", "uvicorn"),
     "0.3.2": ("osmosis-ai[server]==0.3.2", "uvicorn"),
 }
-HARNESS_DEPS = [*TEST_DEPS, "aiohttp>=3.9", "attrs>=23.2", "nox", "hatchling>=1.24", "pip"]
+HARNESS_DEPS = [*TEST_DEPS, "aiohttp>=3.9", "attrs>=23.2", "hatchling>=1.24", "pip"]
 """The test venv of interop/compat: pytest, the chat stand-in (aiohttp), and the tools the
-release-rebuild and dependency-range tests call (nox to import this file, hatchling, pip)."""
-Expectation = Literal["works", "fails-fast"]
-EXPECTATIONS: tuple[Expectation, ...] = ("works", "fails-fast")
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-_VERSION = re.compile(r"\d+\.\d+\.\d+(?:[.-]?(?:a|b|rc|post|dev)\d+)*")
-_PROTOCOL = re.compile(r"\d+\.\d+")
-_PROTOCOL_CONSTANT = re.compile(r'^PROTOCOL_VERSION: Final = "([^"]+)"', re.MULTILINE)
-_CONSTANTS = Path("packages/rollout-types/src/rollout_types/constants.py")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Release:
-    """One published version of one of our distributions (an entry of ``releases.toml``)."""
-
-    distribution: str
-    version: str
-    commit: str
-    protocol: str
-    expect: Expectation | None = None
-
-
-def load_releases(path: Path = RELEASES_FILE) -> list[Release]:
-    """Read and validate the releases file (no entries means no releases yet).
-
-    Raises:
-        ValueError: On an unknown or missing field, a malformed value, or a duplicate.
-    """
-    data = tomllib.loads(path.read_text("utf-8"))
-    unknown = set(data) - {"release"}
-    if unknown:
-        raise ValueError(f"{path}: unknown top-level keys {sorted(unknown)}; use [[release]]")
-    entries = data.get("release", [])
-    releases: list[Release] = []
-    fields = {field.name for field in dataclasses.fields(Release)}
-    for number, entry in enumerate(entries, start=1):
-        where = f"{path}: [[release]] #{number}"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where} must be a table")
-        missing = sorted(fields - {"expect"} - set(entry))
-        extra = sorted(set(entry) - fields)
-        if missing or extra:
-            raise ValueError(f"{where}: missing fields {missing}, unknown fields {extra}")
-        if not all(isinstance(value, str) for value in entry.values()):
-            raise ValueError(f"{where}: every field is a string")
-        if entry["distribution"] not in PACKAGES:
-            raise ValueError(f"{where}: distribution must be one of {sorted(PACKAGES)}")
-        if not _VERSION.fullmatch(entry["version"]):
-            raise ValueError(f"{where}: version {entry['version']!r} is not X.Y.Z")
-        if not _COMMIT.fullmatch(entry["commit"]):
-            raise ValueError(f"{where}: commit must be the full 40-hex-digit git commit")
-        if not _PROTOCOL.fullmatch(entry["protocol"]):
-            raise ValueError(f"{where}: protocol {entry['protocol']!r} is not MAJOR.MINOR")
-        if entry.get("expect", "works") not in EXPECTATIONS:
-            raise ValueError(f"{where}: expect must be one of {EXPECTATIONS}")
-        release = Release(**entry)
-        if any(
-            (r.distribution, r.version) == (release.distribution, release.version) for r in releases
-        ):
-            raise ValueError(f"{where}: {release.distribution} {release.version} is listed twice")
-        releases.append(release)
-    return releases
-
-
-def package_version(name: str, root: Path = ROOT) -> str:
-    """The ``[project] version`` of one of our distributions in the tree at ``root``."""
-    relative = PACKAGES[name].relative_to(ROOT) / "pyproject.toml"
-    project = tomllib.loads((root / relative).read_text("utf-8"))["project"]
-    return str(project["version"])
-
-
-def protocol_version(root: Path = ROOT) -> str:
-    """``rollout_types.PROTOCOL_VERSION`` in the tree at ``root`` (read, not imported)."""
-    match = _PROTOCOL_CONSTANT.search((root / _CONSTANTS).read_text("utf-8"))
-    if match is None:
-        raise ValueError(f"no PROTOCOL_VERSION constant in {root / _CONSTANTS}")
-    return match.group(1)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Side:
-    """One side of a pair: a distribution at a version, from this checkout, git or PyPI.
-
-    ``commit`` is set for a release of ours (rebuilt from git); osmosis-ai comes from PyPI.
-    """
-
-    distribution: str
-    version: str
-    commit: str | None = None
-
-    @property
-    def ours(self) -> bool:
-        """Whether this is one of our distributions (not osmosis-ai)."""
-        return self.distribution in PACKAGES
-
-    @property
-    def label(self) -> str:
-        """A human name, e.g. ``rollout-server 0.1.0 (checkout)`` or ``osmosis-ai 0.3.8``."""
-        if not self.ours:
-            return f"{self.distribution} {self.version}"
-        origin = "checkout" if self.commit is None else f"release {self.commit[:10]}"
-        return f"{self.distribution} {self.version} ({origin})"
-
-    @property
-    def series(self) -> str:
-        """Its name in a CHANGELOG Compatibility line, e.g. ``rollout-server 0.1``."""
-        if not self.ours:
-            return f"{self.distribution} {self.version}"
-        return f"{self.distribution} {'.'.join(self.version.split('.')[:2])}"
-
-    @property
-    def peer(self) -> str:
-        """The harness's peer name (tests/interop/interop_harness/peers.py)."""
-        if self.distribution == "rollout-client":
-            return "ours-client"
-        if self.distribution == "rollout-server":
-            return "ours-server"
-        return f"osmosis-{self.version}"
-
-    @property
-    def venv_name(self) -> str:
-        """The folder of its venv under ``.nox/_sides/``."""
-        if self.ours:
-            return f"{self.distribution}-{self.version if self.commit else 'checkout'}"
-        return f"{self.distribution}-{self.version}"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CompatPair:
-    """A client side against a server side, expected to work or to fail fast.
-
-    ``error`` names the exception class the client must raise (or a base of it) when the
-    pair fails fast; ``quick`` pairs also run in ``nox -s interop`` (CI).
-    """
-
-    client: Side
-    server: Side
-    expect: Expectation
-    error: str | None = None
-    quick: bool = False
-
-    @property
-    def id(self) -> str:
-        """The pytest id: ``<client label> -> <server label>``."""
-        return f"{self.client.label} -> {self.server.label}"
-
-
-def _major(version: str) -> str:
-    return version.split(".", maxsplit=1)[0]
-
-
-def _expected(release: Release, current_protocol: str) -> Expectation:
-    if release.expect is not None:
-        return release.expect
-    same_major = _major(release.protocol) == _major(current_protocol)
-    return "works" if same_major else "fails-fast"
-
-
-def compat_table(releases: Sequence[Release] | None = None, root: Path = ROOT) -> list[CompatPair]:
-    """The compatibility table: this checkout, our earlier releases, and osmosis-ai.
-
-    Args:
-        releases: Our released versions; default :func:`load_releases`.
-        root: The tree whose versions count as "this checkout".
-
-    Returns:
-        This checkout against itself and both osmosis-ai 0.3.8 directions (``works``);
-        osmosis-ai 0.3.2's callback protocol in both directions (``fails-fast``); each
-        released client against this checkout's server and this checkout's client against
-        each released server (``works`` when the protocol majors agree, else ``fails-fast``).
-    """
-    client = Side(distribution="rollout-client", version=package_version("rollout-client", root))
-    server = Side(distribution="rollout-server", version=package_version("rollout-server", root))
-    osmosis = Side(distribution="osmosis-ai", version="0.3.8")
-    callback = Side(distribution="osmosis-ai", version="0.3.2")
-    table = [
-        CompatPair(client=client, server=server, expect="works", quick=True),
-        CompatPair(client=osmosis, server=server, expect="works", quick=True),
-        CompatPair(client=client, server=osmosis, expect="works", quick=True),
-        CompatPair(
-            client=client,
-            server=callback,
-            expect="fails-fast",
-            error="RolloutProtocolVersionError",
-            quick=True,
-        ),
-        CompatPair(
-            client=callback,
-            server=server,
-            expect="fails-fast",
-            error="RolloutProtocolError",
-            quick=True,
-        ),
-    ]
-    current = protocol_version(root)
-    for release in load_releases() if releases is None else releases:
-        old = Side(
-            distribution=release.distribution, version=release.version, commit=release.commit
-        )
-        expect = _expected(release, current)
-        if release.distribution == "rollout-server":
-            error = "RolloutProtocolVersionError" if expect == "fails-fast" else None
-            table.append(CompatPair(client=client, server=old, expect=expect, error=error))
-        elif release.distribution == "rollout-client":
-            error = "RolloutProtocolError" if expect == "fails-fast" else None
-            table.append(CompatPair(client=old, server=server, expect=expect, error=error))
-    return table
-
-
-def rebuild_release_wheels(
-    commit: str, *, python: str, cache: Path = WHEEL_CACHE
-) -> dict[str, Path]:
-    """Build the wheels of all three distributions as they were at ``commit``.
-
-    The tree comes from ``git archive`` of the commit (never the working tree), and each
-    package is built with ``python -m hatchling``; the result is cached per commit.
-
-    Args:
-        commit: A full git commit of this repository.
-        python: An interpreter that has hatchling.
-        cache: Where the wheels are kept, in ``release-<commit>/``.
-
-    Returns:
-        The wheel of each distribution, by name.
-
-    Raises:
-        RuntimeError: If ``git archive`` or a build fails (with its output).
-    """
-    out = cache / f"release-{commit}"
-    found = {name: sorted(out.glob(f"{name.replace('-', '_')}-*.whl")) for name in PACKAGES}
-    if all(found.values()):
-        return {name: wheels[-1] for name, wheels in found.items()}
-    with tempfile.TemporaryDirectory(prefix="rollout-release-") as scratch:
-        tree = Path(scratch) / "tree"
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", "--format=tar", commit, "packages"],
-            capture_output=True,
-            check=False,
-        )
-        if archive.returncode != 0:
-            raise RuntimeError(
-                f"git archive {commit} failed: {archive.stderr.decode(errors='replace')}; "
-                "is the commit in this clone's history (fetch it, or unshallow the clone)?"
-            )
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: refuse unsafe members
-                tar.extractall(tree, filter="data")
-            else:  # pragma: no cover - our own git archive, extracted into a fresh folder
-                tar.extractall(tree)  # noqa: S202
-        built = Path(scratch) / "wheels"
-        for name, package_dir in PACKAGES.items():
-            source = tree / package_dir.relative_to(ROOT)
-            build = subprocess.run(
-                [python, "-m", "hatchling", "build", "-t", "wheel", "-d", str(built)],
-                cwd=source,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if build.returncode != 0:
-                raise RuntimeError(f"building {name} at {commit} failed:\n{build.stderr}")
-        (built / "PROTOCOL_VERSION").write_text(protocol_version(tree), "utf-8")
-        shutil.rmtree(out, ignore_errors=True)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(built, out)
-    return rebuild_release_wheels(commit, python=python, cache=cache)
-
-
-def wheel_version(wheel: Path) -> str:
-    """The version in a wheel's file name (``name-version-...whl``)."""
-    return wheel.name.split("-")[1]
+release-rebuild and dependency-range tests call (hatchling, pip)."""
 
 
 def _release_requirements(session: nox.Session, side: Side) -> list[str]:
@@ -644,46 +401,17 @@ def run_matrix(
 
 @nox.session(python=PEER_PYTHON)
 def interop(session: nox.Session) -> None:
-    """The quick part of the matrix (CI): this checkout against itself and osmosis-ai.
+    """The quick part of the matrix (CI): this checkout against itself, osmosis-ai and releases.
 
     Pairs marked ``quick`` in :func:`compat_table` (checkout against itself, both
-    osmosis-ai 0.3.8 directions, osmosis-ai 0.3.2 failing fast both ways), each side in its
-    own venv; runs tests/interop and tests/compat. Posargs go to pytest.
+    osmosis-ai 0.3.8 directions, osmosis-ai 0.3.2 failing fast both ways, and the newest
+    recorded release of each series of ours against this checkout, both directions), each
+    side in its own venv; runs tests/interop and tests/compat. Posargs go to pytest.
     """
     run_matrix(session, [pair for pair in compat_table() if pair.quick], session.posargs)
 
 
 HEAD_AS_RELEASE = "--head-as-release"
-
-
-def head_releases() -> list[Release]:
-    """HEAD's client and server as if they were released: a dry run of the release path.
-
-    Versions and protocol are read from HEAD's tree with ``git show`` (not the working tree).
-    """
-
-    def show(path: Path) -> str:
-        return subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"HEAD:{path.as_posix()}"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    match = _PROTOCOL_CONSTANT.search(show(_CONSTANTS))
-    if match is None:
-        raise ValueError(f"HEAD has no PROTOCOL_VERSION constant in {_CONSTANTS}")
-    releases = []
-    for name in ("rollout-client", "rollout-server"):
-        pyproject = tomllib.loads(show(PACKAGES[name].relative_to(ROOT) / "pyproject.toml"))
-        version = str(pyproject["project"]["version"])
-        releases.append(
-            Release(distribution=name, version=version, commit=head, protocol=match.group(1))
-        )
-    return releases
 
 
 @nox.session(python=PEER_PYTHON)

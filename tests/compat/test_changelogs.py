@@ -1,4 +1,4 @@
-"""Each package's CHANGELOG Compatibility line agrees with the noxfile's compatibility table.
+"""Each package's CHANGELOG Compatibility line agrees with the compatibility table.
 
 The entry of a package's current version (its ``pyproject.toml`` version) must carry a
 ``**Compatibility:**`` line whose clauses match the table and the pyprojects:
@@ -100,18 +100,18 @@ class TestCompatibilityLines:
     """The Compatibility line of each package's current version matches the table."""
 
     @pytest.mark.parametrize("package", ["rollout-client", "rollout-server"])
-    def test_client_and_server_lines(self, noxfile: ModuleType, package: str) -> None:
+    def test_client_and_server_lines(self, compat: ModuleType, package: str) -> None:
         """requires/tested-with agree with the pyproject range and the table's working pairs."""
-        version = noxfile.package_version(package)
+        version = compat.package_version(package)
         line = compatibility_line(changelog(package), version)
-        problems = client_or_server_problems(line, package, noxfile.compat_table(), version)
+        problems = client_or_server_problems(line, package, compat.compat_table(), version)
         assert problems == [], f"{package} CHANGELOG [{version}]: {problems}\n{line}"
 
-    def test_types_line(self, noxfile: ModuleType) -> None:
+    def test_types_line(self, compat: ModuleType) -> None:
         """protocol, used-by ranges and osmosis-ai versions agree with the tree and the table."""
-        version = noxfile.package_version("rollout-types")
+        version = compat.package_version("rollout-types")
         found = clauses(compatibility_line(changelog("rollout-types"), version))
-        assert found["protocol"] == noxfile.protocol_version()
+        assert found["protocol"] == compat.protocol_version()
         used_by = dict(
             part.strip().split(" ", 1) for part in re.split(r"\band\b", found["used by"])
         )
@@ -121,22 +121,22 @@ class TestCompatibilityLines:
         }
         osmosis = {
             side.series
-            for pair in noxfile.compat_table()
+            for pair in compat.compat_table()
             if pair.expect == "works"
             for side in (pair.client, pair.server)
             if not side.ours
         }
         assert names(found["interoperates with"]) == osmosis
 
-    def test_released_versions_have_lines(self, noxfile: ModuleType) -> None:
+    def test_released_versions_have_lines(self, compat: ModuleType) -> None:
         """Every release in releases.toml has a CHANGELOG entry with a Compatibility line."""
-        for release in noxfile.load_releases():
+        for release in compat.load_releases():
             compatibility_line(changelog(release.distribution), release.version)
 
-    def test_a_disagreeing_line_is_caught(self, noxfile: ModuleType) -> None:
+    def test_a_disagreeing_line_is_caught(self, compat: ModuleType) -> None:
         """A line that drops a tested peer or changes the range is reported (the check can fail)."""
-        version = noxfile.package_version("rollout-client")
-        table = noxfile.compat_table()
+        version = compat.package_version("rollout-client")
+        table = compat.compat_table()
         tested = sorted(works(table, "client", version))
         good = (
             f"**Compatibility:** requires rollout-types {types_range('rollout-client')}; "

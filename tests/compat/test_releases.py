@@ -1,8 +1,8 @@
 """releases.toml, the pairs the table derives from it, and rebuilding a release from git.
 
-There are no releases yet, so the table's release pairs are exercised with synthetic
-entries, and the rebuild path (``git archive`` of a commit, one wheel per package) is
-exercised on HEAD: the wheels must hold HEAD's files, not the working tree's.
+The table's release pairs are exercised with synthetic entries (the recorded ones are run
+by the interop and compat sessions), and the rebuild path (``git archive`` of a commit, one
+wheel per package) on HEAD: the wheels must hold HEAD's files, not the working tree's.
 """
 
 from __future__ import annotations
@@ -43,17 +43,17 @@ def release_entry(**fields: str) -> str:
 class TestReleasesFile:
     """Reading and validating releases.toml."""
 
-    def test_repository_file_loads(self, noxfile: ModuleType) -> None:
+    def test_repository_file_loads(self, compat: ModuleType) -> None:
         """The checked-in file parses, and every recorded commit exists in the history."""
-        for release in noxfile.load_releases():
+        for release in compat.load_releases():
             assert git("cat-file", "-t", release.commit).strip() == "commit"
 
-    def test_entries_are_read(self, noxfile: ModuleType, tmp_path: Path) -> None:
+    def test_entries_are_read(self, compat: ModuleType, tmp_path: Path) -> None:
         """A valid entry becomes a Release with every field."""
         path = tmp_path / "releases.toml"
         path.write_text(release_entry(expect="fails-fast"), "utf-8")
-        assert noxfile.load_releases(path) == [
-            noxfile.Release(
+        assert compat.load_releases(path) == [
+            compat.Release(
                 distribution="rollout-server",
                 version="0.0.1",
                 commit=COMMIT,
@@ -78,13 +78,13 @@ class TestReleasesFile:
         ],
     )
     def test_bad_entries_are_refused(
-        self, noxfile: ModuleType, tmp_path: Path, text: str, message: str
+        self, compat: ModuleType, tmp_path: Path, text: str, message: str
     ) -> None:
         """A malformed entry raises ValueError naming the file, the entry and the problem."""
         path = tmp_path / "releases.toml"
         path.write_text(text, "utf-8")
         with pytest.raises(ValueError) as caught:
-            noxfile.load_releases(path)
+            compat.load_releases(path)
         assert message in str(caught.value)
         assert str(path) in str(caught.value)
 
@@ -92,9 +92,9 @@ class TestReleasesFile:
 class TestTableFromReleases:
     """The table pairs each release with this checkout's other side."""
 
-    def test_without_releases(self, noxfile: ModuleType) -> None:
+    def test_without_releases(self, compat: ModuleType) -> None:
         """Without releases the table is this checkout and osmosis-ai, all quick."""
-        table = noxfile.compat_table(releases=[])
+        table = compat.compat_table(releases=[])
         assert [(p.client.peer, p.server.peer, p.expect) for p in table] == [
             ("ours-client", "ours-server", "works"),
             ("osmosis-0.3.8", "ours-server", "works"),
@@ -108,80 +108,97 @@ class TestTableFromReleases:
             "RolloutProtocolError",
         ]
 
-    def test_release_pairs_follow_the_protocol_major(self, noxfile: ModuleType) -> None:
+    def test_release_pairs_follow_the_protocol_major(self, compat: ModuleType) -> None:
         """A release with this protocol major works; another major fails fast."""
-        current = noxfile.protocol_version()
+        current = compat.protocol_version()
         major = int(current.split(".")[0])
         releases = [
-            noxfile.Release(
+            compat.Release(
                 distribution="rollout-server", version="0.0.1", commit=COMMIT, protocol=current
             ),
-            noxfile.Release(
+            compat.Release(
                 distribution="rollout-client",
                 version="0.0.2",
                 commit=COMMIT,
                 protocol=f"{major + 1}.0",
             ),
-            noxfile.Release(
+            compat.Release(
                 distribution="rollout-types", version="0.0.3", commit=COMMIT, protocol=current
             ),
         ]
-        extra = noxfile.compat_table(releases=releases)[5:]
+        extra = compat.compat_table(releases=releases)[5:]
         assert [(p.client.label, p.server.label, p.expect, p.error, p.quick) for p in extra] == [
             (
-                f"rollout-client {noxfile.package_version('rollout-client')} (checkout)",
+                f"rollout-client {compat.package_version('rollout-client')} (checkout)",
                 f"rollout-server 0.0.1 (release {COMMIT[:10]})",
                 "works",
                 None,
-                False,
+                True,
             ),
             (
                 f"rollout-client 0.0.2 (release {COMMIT[:10]})",
-                f"rollout-server {noxfile.package_version('rollout-server')} (checkout)",
+                f"rollout-server {compat.package_version('rollout-server')} (checkout)",
                 "fails-fast",
                 "RolloutProtocolError",
-                False,
+                True,
             ),
         ]
 
-    def test_expect_overrides_the_derivation(self, noxfile: ModuleType) -> None:
+    def test_newest_release_of_each_series_is_quick(self, compat: ModuleType) -> None:
+        """CI (quick) runs the newest release of each MAJOR.MINOR series; older patches don't."""
+        current = compat.protocol_version()
+        releases = [
+            compat.Release(
+                distribution="rollout-server", version=version, commit=COMMIT, protocol=current
+            )
+            for version in ("0.1.0", "0.1.10", "0.1.2", "0.2.0")
+        ]
+        extra = compat.compat_table(releases=releases)[5:]
+        assert [(p.server.version, p.quick) for p in extra] == [
+            ("0.1.0", False),
+            ("0.1.10", True),
+            ("0.1.2", False),
+            ("0.2.0", True),
+        ]
+
+    def test_expect_overrides_the_derivation(self, compat: ModuleType) -> None:
         """An explicit expect in releases.toml wins over the protocol rule."""
-        release = noxfile.Release(
+        release = compat.Release(
             distribution="rollout-server",
             version="0.0.1",
             commit=COMMIT,
-            protocol=noxfile.protocol_version(),
+            protocol=compat.protocol_version(),
             expect="fails-fast",
         )
-        (pair,) = noxfile.compat_table(releases=[release])[5:]
+        (pair,) = compat.compat_table(releases=[release])[5:]
         assert (pair.expect, pair.error) == ("fails-fast", "RolloutProtocolVersionError")
 
 
 class TestRebuildFromGit:
     """rebuild_release_wheels() builds a commit's packages from git, not from the tree."""
 
-    def test_rebuild_head(self, noxfile: ModuleType, tmp_path: Path) -> None:
+    def test_rebuild_head(self, compat: ModuleType, tmp_path: Path) -> None:
         """HEAD's three wheels carry HEAD's versions, protocol and file contents."""
         if importlib.util.find_spec("hatchling") is None:
             peers.unavailable("rebuilding wheels needs hatchling in the test venv")
         head = git("rev-parse", "HEAD").strip()
-        wheels = noxfile.rebuild_release_wheels(head, python=sys.executable, cache=tmp_path)
+        wheels = compat.rebuild_release_wheels(head, python=sys.executable, cache=tmp_path)
         assert sorted(wheels) == ["rollout-client", "rollout-server", "rollout-types"]
         for name, wheel in wheels.items():
             pyproject = git("show", f"{head}:packages/{name}/pyproject.toml")
-            assert f'version = "{noxfile.wheel_version(wheel)}"' in pyproject
+            assert f'version = "{compat.wheel_version(wheel)}"' in pyproject
         constants = "rollout_types/constants.py"
         with zipfile.ZipFile(wheels["rollout-types"]) as archive:
             built = archive.read(constants).decode()
         assert built == git("show", f"{head}:packages/rollout-types/src/{constants}")
         protocol = (tmp_path / f"release-{head}" / "PROTOCOL_VERSION").read_text("utf-8")
         assert f'PROTOCOL_VERSION: Final = "{protocol}"' in built
-        again = noxfile.rebuild_release_wheels(head, python="/nonexistent/python", cache=tmp_path)
+        again = compat.rebuild_release_wheels(head, python="/nonexistent/python", cache=tmp_path)
         assert again == wheels
 
-    def test_unknown_commit_is_explained(self, noxfile: ModuleType, tmp_path: Path) -> None:
+    def test_unknown_commit_is_explained(self, compat: ModuleType, tmp_path: Path) -> None:
         """A commit missing from the history fails with a hint to fetch it."""
         with pytest.raises(RuntimeError) as caught:
-            noxfile.rebuild_release_wheels(COMMIT, python=sys.executable, cache=tmp_path)
+            compat.rebuild_release_wheels(COMMIT, python=sys.executable, cache=tmp_path)
         assert f"git archive {COMMIT} failed" in str(caught.value)
         assert "fetch it" in str(caught.value)

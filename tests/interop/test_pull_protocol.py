@@ -5,13 +5,17 @@ Directions (every scenario runs in each):
 * osmosis-ai 0.3.8's ``RolloutClient`` against our ``rollout-server serve``;
 * our ``RolloutClient`` against osmosis-ai 0.3.8's ``create_rollout_server(LocalBackend)``
   under uvicorn;
-* this checkout's client against this checkout's server.
+* this checkout's client against this checkout's server;
+* each recorded release of ours (``releases.toml``, the newest of each series in CI) against
+  this checkout's other side, in both directions.
 
-Each side runs in its own venv (see ``interop_harness.peers``); the client through its
-driver, the server as a subprocess on 127.0.0.1. The workflow asks the test's chat
-stand-in for an answer and the grader rewards 1.0 when it equals the label, so a test
-controls when a rollout runs, grades and finishes, and every outcome is asserted as the
-client reports it: status, reward, err_category, error class, status code and message.
+The directions are the pairs expected to work in the listing of
+:mod:`interop_harness.listing` (the compatibility table). Each side runs in its own venv
+(see ``interop_harness.peers``); the client through its driver, the server as a subprocess
+on 127.0.0.1. The workflow asks the test's chat stand-in for an answer and the grader
+rewards 1.0 when it equals the label, so a test controls when a rollout runs, grades and
+finishes, and every outcome is asserted as the client reports it: status, reward,
+err_category, error class, status code and message.
 """
 
 from __future__ import annotations
@@ -25,29 +29,24 @@ from typing import Any
 import pytest
 from interop_harness import (
     OSMOSIS,
-    OURS_CLIENT,
     OURS_SERVER,
     ChatStandIn,
     DriverError,
     Pair,
     ServerProcess,
 )
+from interop_harness.listing import pair_params
 from interop_harness.servers import API_KEY
 
-PAIRS = [
-    pytest.param(Pair(client=OSMOSIS, server=OURS_SERVER), marks=pytest.mark.osmosis),
-    pytest.param(Pair(client=OURS_CLIENT, server=OSMOSIS), marks=pytest.mark.osmosis),
-    pytest.param(Pair(client=OURS_CLIENT, server=OURS_SERVER)),
-]
 LLM_KEY = "interop-llm-key"
 EVENT_SEC = 30.0
 """Bound on waiting for something a scenario expects (never reached when all is well)."""
 
 
-@pytest.fixture(scope="module", params=PAIRS, ids=lambda pair: pair.name)
+@pytest.fixture(scope="module", params=pair_params("works"))
 def pair(request: pytest.FixtureRequest) -> Pair:
-    """The (client, server) direction under test."""
-    chosen: Pair = request.param
+    """The (client, server) direction under test: every listed pair expected to work."""
+    chosen: Pair = request.param[0]
     return chosen
 
 
