@@ -38,7 +38,10 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _VERSION = re.compile(r"\d+\.\d+\.\d+(?:[.-]?(?:a|b|rc|post|dev)\d+)*")
 _PROTOCOL = re.compile(r"\d+\.\d+")
 _PROTOCOL_CONSTANT = re.compile(r'^PROTOCOL_VERSION: Final = "([^"]+)"', re.MULTILINE)
-_CONSTANTS = Path("packages/rollout-types/src/rollout_types/constants.py")
+_CONSTANTS_FILES = (
+    Path("packages/rollout-types/src/rollout_types/_constants.py"),
+    Path("packages/rollout-types/src/rollout_types/constants.py"),  # 0.1.0's name
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,10 +106,13 @@ def package_version(name: str, root: Path = ROOT) -> str:
 
 def protocol_version(root: Path = ROOT) -> str:
     """``rollout_types.PROTOCOL_VERSION`` in the tree at ``root`` (read, not imported)."""
-    match = _PROTOCOL_CONSTANT.search((root / _CONSTANTS).read_text("utf-8"))
-    if match is None:
-        raise ValueError(f"no PROTOCOL_VERSION constant in {root / _CONSTANTS}")
-    return match.group(1)
+    for relative in _CONSTANTS_FILES:
+        if (root / relative).exists():
+            match = _PROTOCOL_CONSTANT.search((root / relative).read_text("utf-8"))
+            if match is not None:
+                return match.group(1)
+    names = ", ".join(str(relative) for relative in _CONSTANTS_FILES)
+    raise ValueError(f"no PROTOCOL_VERSION constant in {root} (looked in {names})")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -367,9 +373,9 @@ def head_releases() -> list[Release]:
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    match = _PROTOCOL_CONSTANT.search(show(_CONSTANTS))
+    match = _PROTOCOL_CONSTANT.search(show(_CONSTANTS_FILES[0]))
     if match is None:
-        raise ValueError(f"HEAD has no PROTOCOL_VERSION constant in {_CONSTANTS}")
+        raise ValueError(f"HEAD has no PROTOCOL_VERSION constant in {_CONSTANTS_FILES[0]}")
     releases = []
     for name in ("rollout-client", "rollout-server"):
         pyproject = tomllib.loads(show(PACKAGES[name].relative_to(ROOT) / "pyproject.toml"))

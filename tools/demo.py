@@ -53,7 +53,7 @@ def _script(name: str) -> list[str]:
     found = shutil.which(name, path=str(Path(sys.executable).parent))
     if found:
         return [found]
-    modules = {"rollout-server": "rollout_server", "rollout-eval": "rollout_client.eval.cli"}
+    modules = {"rollout-server": "rollout_server", "rollout-eval": "rollout_client.eval"}
     return [sys.executable, "-m", modules[name]]
 
 

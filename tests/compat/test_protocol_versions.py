@@ -41,10 +41,12 @@ def future_protocol(python: str, where: Path) -> tuple[dict[str, str], str, str]
     ).stdout.strip()
     target = where / "overlay" / "rollout_types"
     shutil.copytree(location, target, ignore=shutil.ignore_patterns("__pycache__"))
-    constants = target / "constants.py"
+    constants = target / "_constants.py"
+    if not constants.exists():  # rollout-types 0.1.0 named it constants.py
+        constants = target / "constants.py"
     text = constants.read_text("utf-8")
     match = _CONSTANT.search(text)
-    assert match is not None, "rollout_types.constants has no PROTOCOL_VERSION constant"
+    assert match is not None, f"{constants} has no PROTOCOL_VERSION constant"
     current = f"{match.group(1)}.{match.group(2)}"
     future = f"{int(match.group(1)) + 1}.0"
     constants.write_text(_CONSTANT.sub(f'PROTOCOL_VERSION: Final = "{future}"', text), "utf-8")

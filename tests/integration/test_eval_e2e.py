@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 
 from rollout_client.eval import EvalOptions, read_journal, run_eval
-from rollout_client.eval.cli import main as eval_main
+from rollout_client.eval._cli import main as eval_main
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASET = ROOT / "examples" / "datasets" / "arithmetic.jsonl"
@@ -71,7 +71,7 @@ def eval_command(dataset: Path, server_url: str, chat_url: str, output: Path) ->
     return [
         sys.executable,
         "-m",
-        "rollout_client.eval.cli",
+        "rollout_client.eval",
         "run",
         str(dataset),
         "--server",
@@ -415,7 +415,7 @@ class TestInterrupts:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "rollout_client.eval.cli",
+            "rollout_client.eval",
             "run",
             str(labelled(tmp_path / "d.jsonl", ["hang", "hang"])),
             "--server",

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from rollout_client import RolloutProtocolError
-from rollout_client.retry import RetrySchedule
+from rollout_client._retry import RetrySchedule
 from rollout_types import LEASE_HEADER, RolloutErrorCategory, RolloutStatus
 
 from .conftest import EVENT_SEC, drop, init_body, json_response, result_body, scripted

@@ -17,14 +17,14 @@ from rollout_client import (
     RolloutProtocolError,
     RolloutProtocolVersionError,
 )
-from rollout_client._transport import TransportFailure, check_protocol_version, classify
-from rollout_client.retry import (
+from rollout_client._retry import (
     GATEWAY_RETRY,
     TRANSPORT_RETRY,
     RetrySchedule,
     parse_retry_after,
     retry_fits_lease,
 )
+from rollout_client._transport import TransportFailure, check_protocol_version, classify
 
 EXPECTED_ALL = [
     "RolloutAdmissionTimeoutError",

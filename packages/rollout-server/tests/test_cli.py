@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from rollout_server import ROLLOUT_SERVER_KEY, ServerConfigError, ServeTargetError
-from rollout_server.cli import (
+from rollout_server._cli import (
     GC_YOUNG_THRESHOLD,
     build_app,
     build_parser,

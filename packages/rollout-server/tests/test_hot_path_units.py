@@ -19,8 +19,8 @@ from rollout_server import _deadlines, _offload
 from rollout_server._deadlines import DeadlineQueue, pending_argument
 from rollout_server._logsink import TurnBufferedStreamHandler
 from rollout_server._offload import BatchOffloader
-from rollout_server.registry import TOKEN_BYTES, _TokenSource
-from rollout_server.trajectory import (
+from rollout_server._registry import TOKEN_BYTES, _TokenSource
+from rollout_server._trajectory import (
     encode_document,
     make_directory,
     write_json_atomic,
@@ -323,7 +323,7 @@ class TestFileWrites:
         succeeds and leaves the leftover alone."""
         import itertools
 
-        from rollout_server import trajectory
+        from rollout_server import _trajectory as trajectory
 
         monkeypatch.setattr(trajectory, "_TEMP_SEQUENCE", itertools.count(7))
         leftover = tmp_path / f".doc.json.{os.getpid()}.7.tmp"

@@ -16,10 +16,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from rollout_server._middleware import make_protocol_middleware, self_guarded
+from rollout_server._registry import RolloutRecord, RolloutRegistry
 from rollout_server._responses import json_response
-from rollout_server.middleware import make_protocol_middleware, self_guarded
-from rollout_server.registry import RolloutRecord, RolloutRegistry
-from rollout_server.routes import pause_keepalive_timer
+from rollout_server._routes import pause_keepalive_timer
 from rollout_types import PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER, RolloutStatus
 
 EVENT_SEC = 10.0

@@ -31,8 +31,8 @@ from rollout_server import (
     current_rollout_context,
     get_rollout_context,
 )
-from rollout_server import local_backend as local_backend_module
-from rollout_server.context import bind_rollout_context
+from rollout_server import _local_backend as local_backend_module
+from rollout_server._context import bind_rollout_context
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
 WAIT_SEC = 5.0

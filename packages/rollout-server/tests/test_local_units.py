@@ -29,10 +29,10 @@ from rollout_server import (
     current_rollout_context,
     get_rollout_context,
 )
+from rollout_server._context import bind_rollout_context
 from rollout_server._imports import resolve_import_string
 from rollout_server._limiter import ConcurrencyLimiter
-from rollout_server.context import bind_rollout_context
-from rollout_server.trajectory import default_artifact_root, write_json_atomic
+from rollout_server._trajectory import default_artifact_root, write_json_atomic
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
 WAIT_SEC = 5.0
@@ -541,7 +541,7 @@ class TestCopies:
     def test_json_values_are_copied_deeply(self) -> None:
         """Nested dicts and lists are new objects with equal content; scalars are kept;
         other objects inside are deep-copied."""
-        from rollout_server.local_backend import _copy_json
+        from rollout_server._local_backend import _copy_json
 
         class Box:
             def __init__(self) -> None:
@@ -562,7 +562,7 @@ class TestCopies:
         something that cannot be copied gets a shallow snapshot."""
         import threading
 
-        from rollout_server.local_backend import _snapshot
+        from rollout_server._local_backend import _snapshot
 
         cyclic: dict[str, Any] = {"role": "user"}
         cyclic["self"] = cyclic

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from ._version import VERSION
-from .client import RolloutClient
-from .errors import (
+from ._client import RolloutClient
+from ._errors import (
     RolloutAdmissionTimeoutError,
     RolloutClientError,
     RolloutProtocolError,
     RolloutProtocolVersionError,
 )
-from .handle import RolloutHandle
+from ._handle import RolloutHandle
+from ._version import VERSION
 
 __version__ = VERSION
 

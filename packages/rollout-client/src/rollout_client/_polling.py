@@ -20,10 +20,10 @@ from rollout_types import (
     structure_wire,
 )
 
+from ._errors import RolloutProtocolError
+from ._retry import RetrySchedule, retry_fits_lease
 from ._settings import ClientSettings
 from ._transport import HttpResponse, Transport, TransportFailure, classify
-from .errors import RolloutProtocolError
-from .retry import RetrySchedule, retry_fits_lease
 
 __all__ = ["Lease", "poll_until_terminal"]
 

@@ -14,7 +14,7 @@ from typing import Final
 
 import attrs
 
-from .retry import GATEWAY_RETRY, TRANSPORT_RETRY, RetrySchedule
+from ._retry import GATEWAY_RETRY, TRANSPORT_RETRY, RetrySchedule
 
 __all__ = [
     "ADMISSION_READ_TIMEOUT_SEC",

@@ -45,8 +45,8 @@ from rollout_types import (
     protocol_compatible,
 )
 
+from ._errors import RolloutProtocolVersionError
 from ._version import USER_AGENT
-from .errors import RolloutProtocolVersionError
 
 __all__ = [
     "CONNECTOR_KEEPALIVE_SEC",

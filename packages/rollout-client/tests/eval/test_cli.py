@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_client.eval.cli import (
+from rollout_client.eval._cli import (
     GC_YOUNG_THRESHOLD,
     build_parser,
     collector_tuned,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rollout_client.eval import DatasetError, EvalInputError, load_dataset, parse_row_selection
-from rollout_client.eval.dataset import MAX_REPORTED_ISSUES
+from rollout_client.eval._dataset import MAX_REPORTED_ISSUES
 
 
 def jsonl(path: Path, *rows: object) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rollout_client.eval import Journal, JournalError, JournalRecord, read_journal
-from rollout_client.eval.journal import latest_by_item
+from rollout_client.eval._journal import latest_by_item
 
 
 def record(row: int, outcome: str = "success", reward: float | None = 1.0) -> JournalRecord:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rollout_client.eval import EvalInputError, ManifestMismatchError
-from rollout_client.eval.manifest import (
+from rollout_client.eval._manifest import (
     Manifest,
     RunInputs,
     compare_manifests,

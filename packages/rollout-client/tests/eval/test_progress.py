@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from rollout_client.eval.progress import Progress, format_duration
+from rollout_client.eval._progress import Progress, format_duration
 
 
 class FakeClock:

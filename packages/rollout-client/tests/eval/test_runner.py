@@ -21,7 +21,7 @@ from rollout_client.eval import (
     read_journal,
     run_eval,
 )
-from rollout_client.eval.runner import capacity_from_health, classify_result
+from rollout_client.eval._runner import capacity_from_health, classify_result
 from rollout_types import RolloutResultResponse, RolloutSample
 
 

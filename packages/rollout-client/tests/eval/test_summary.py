@@ -7,7 +7,7 @@ import math
 import pytest
 
 from rollout_client.eval import JournalRecord, format_summary, summarize
-from rollout_client.eval.summary import pass_at_k, percentile
+from rollout_client.eval._summary import pass_at_k, percentile
 
 
 def rec(

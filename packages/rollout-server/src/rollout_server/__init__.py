@@ -5,20 +5,20 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .app import ROLLOUT_SERVER_KEY, RolloutServer, create_rollout_server
-from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
-from .categorize import categorize_exception
-from .context import (
+from ._app import ROLLOUT_SERVER_KEY, RolloutServer, create_rollout_server
+from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
+from ._categorize import categorize_exception
+from ._context import (
     RolloutContext,
     SampleSource,
     current_rollout_context,
     get_rollout_context,
 )
-from .errors import RolloutServerError, ServerConfigError, ServeTargetError
-from .grader import Grader, GraderConfig, GraderContext
-from .local_backend import LocalBackend
-from .shutdown import ShutdownTimeouts
-from .workflow import (
+from ._errors import RolloutServerError, ServerConfigError, ServeTargetError
+from ._grader import Grader, GraderConfig, GraderContext
+from ._local_backend import LocalBackend
+from ._shutdown import ShutdownTimeouts
+from ._workflow import (
     AgentWorkflow,
     AgentWorkflowConfig,
     AgentWorkflowOutput,

@@ -1,7 +1,7 @@
 """The execution task of one rollout: call the backend, pick the result, make it wire-safe.
 
 This is spec section 4.7: the task runs ``backend.execute()`` with the ambient
-:class:`~rollout_server.context.RolloutContext` bound; ``running`` is reported as it starts
+:class:`~rollout_server._context.RolloutContext` bound; ``running`` is reported as it starts
 (unless the backend reports its own queue status); once it is done the result to report
 is selected, run through the wire-sample pipeline and published. Cancellation publishes
 ``cancelled``; a ``BaseException`` is a task crash, which the registry publishes as
@@ -28,10 +28,10 @@ from rollout_types import (
     scrub_text,
 )
 
-from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
-from .categorize import categorize_exception
-from .context import RolloutContext, context_binding
-from .registry import RolloutRecord, RolloutRegistry
+from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
+from ._categorize import categorize_exception
+from ._context import RolloutContext, context_binding
+from ._registry import RolloutRecord, RolloutRegistry
 
 __all__ = ["finish_execution", "start_execution", "wire_result"]
 
@@ -135,7 +135,7 @@ def start_execution(
     """Start the execution task of one rollout: ``backend.execute(request)`` itself.
 
     The task runs the backend's coroutine directly, in a copy of the current context with
-    the rollout's :class:`~rollout_server.context.RolloutContext` bound, rather than in a
+    the rollout's :class:`~rollout_server._context.RolloutContext` bound, rather than in a
     wrapper coroutine: a waiting rollout holds one frame less (about 300 bytes). What a
     wrapper would do around the call happens in callbacks instead: ``running`` is
     reported just before the task's first step (unless the backend reports its own queue

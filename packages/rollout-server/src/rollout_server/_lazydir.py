@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Final
 
-from .trajectory import make_directory
+from ._trajectory import make_directory
 
 __all__ = ["LazyDirectory", "directory_repr", "resolve_directory"]
 

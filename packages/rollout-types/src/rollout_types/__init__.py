@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .constants import (
+from ._constants import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
     DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
@@ -18,7 +18,7 @@ from .constants import (
     PROTOCOL_VERSION_HEADER,
     protocol_compatible,
 )
-from .converter import (
+from ._converter import (
     REDACTED,
     converter,
     dumps,
@@ -28,15 +28,15 @@ from .converter import (
     redact,
     structure_wire,
 )
-from .enums import (
+from ._enums import (
     TERMINAL_STATUSES,
     CancelDisposition,
     RolloutErrorCategory,
     RolloutStatus,
     is_terminal,
 )
-from .errors import FieldValueError, RolloutTypesError, WireValidationError
-from .models import (
+from ._errors import FieldValueError, RolloutTypesError, WireValidationError
+from ._models import (
     CancelRolloutsRequest,
     CancelRolloutsResponse,
     RolloutHealth,
@@ -47,7 +47,7 @@ from .models import (
     RolloutSample,
     is_single_path_segment,
 )
-from .sanitize import fit_json, json_safe_sample, scrub_text
+from ._sanitize import fit_json, json_safe_sample, scrub_text
 
 try:
     __version__ = version("rollout-types")

@@ -1,13 +1,13 @@
 """``rollout-eval``: evaluate a dataset through a rollout server with ``RolloutClient``.
 
-The command is :func:`rollout_client.eval.cli.main`; :func:`run_eval` is the same job as a
+The command is :func:`rollout_client.eval._cli.main`; :func:`run_eval` is the same job as a
 coroutine for programs that drive it themselves.
 """
 
 from __future__ import annotations
 
-from .dataset import Dataset, DatasetRow, load_dataset, parse_row_selection
-from .errors import (
+from ._dataset import Dataset, DatasetRow, load_dataset, parse_row_selection
+from ._errors import (
     DatasetError,
     EvalError,
     EvalInputError,
@@ -16,8 +16,8 @@ from .errors import (
     RowIssue,
     RunStateError,
 )
-from .journal import Journal, JournalRecord, read_journal
-from .runner import (
+from ._journal import Journal, JournalRecord, read_journal
+from ._runner import (
     EvalOptions,
     EvalReport,
     RunControl,
@@ -25,7 +25,7 @@ from .runner import (
     classify_result,
     run_eval,
 )
-from .summary import format_summary, summarize
+from ._summary import format_summary, summarize
 
 __all__ = [
     "Dataset",

@@ -36,23 +36,23 @@ import attrs
 
 from rollout_types import RolloutErrorCategory, RolloutStatus, is_single_path_segment
 
+from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
+from ._categorize import categorize_exception
 from ._config import BaseConfig
+from ._context import RolloutContext, bind_rollout_context, current_rollout_context
+from ._grader import Grader, GraderConfig, GraderContext
 from ._imports import resolve_import_string
 from ._lazydir import LazyDirectory
 from ._limiter import ConcurrencyLimiter
 from ._offload import BatchOffloader
-from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
-from .categorize import categorize_exception
-from .context import RolloutContext, bind_rollout_context, current_rollout_context
-from .grader import Grader, GraderConfig, GraderContext
-from .trajectory import (
+from ._trajectory import (
     ARTIFACTS_DIR_NAME,
     build_trajectory,
     default_artifact_root,
     make_directory,
     write_rollout_files,
 )
-from .workflow import AgentWorkflow, AgentWorkflowConfig, AgentWorkflowOutput, WorkflowContext
+from ._workflow import AgentWorkflow, AgentWorkflowConfig, AgentWorkflowOutput, WorkflowContext
 
 __all__ = ["DEFAULT_MAX_CONCURRENT", "LocalBackend"]
 

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from .errors import ServerConfigError
+from ._errors import ServerConfigError
 
 if TYPE_CHECKING:
-    from .app import RolloutServer
+    from ._app import RolloutServer
 
 __all__ = ["ShutdownTimeouts", "run_staged_shutdown"]
 

@@ -21,9 +21,9 @@ import cattrs
 from cattrs.errors import ClassValidationError, IterableValidationError
 from cattrs.preconf.json import JsonConverter, make_converter
 
-from .enums import CancelDisposition, RolloutErrorCategory, RolloutStatus
-from .errors import FieldValueError, WireValidationError
-from .models import RolloutHealth, RolloutLifecycle
+from ._enums import CancelDisposition, RolloutErrorCategory, RolloutStatus
+from ._errors import FieldValueError, WireValidationError
+from ._models import RolloutHealth, RolloutLifecycle
 
 __all__ = [
     "REDACTED",

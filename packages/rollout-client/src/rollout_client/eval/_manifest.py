@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from .errors import EvalInputError, ManifestMismatchError
+from ._errors import EvalInputError, ManifestMismatchError
 
 __all__ = [
     "MANIFEST_FORMAT",

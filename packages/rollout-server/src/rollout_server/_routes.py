@@ -33,12 +33,12 @@ from rollout_types import (
     structure_wire,
 )
 
+from ._middleware import internal_error_response, self_guarded
+from ._registry import RolloutRecord
 from ._responses import detail_response, encode_json, json_response
-from .middleware import internal_error_response, self_guarded
-from .registry import RolloutRecord
 
 if TYPE_CHECKING:
-    from .app import RolloutServer
+    from ._app import RolloutServer
 
 __all__ = ["build_routes"]
 

@@ -56,10 +56,14 @@ import aiohttp
 from rollout_types import RolloutErrorCategory, RolloutResultResponse, RolloutStatus
 
 from .. import __version__
-from ..client import RolloutClient
-from ..errors import RolloutAdmissionTimeoutError, RolloutProtocolError, RolloutProtocolVersionError
-from .dataset import Dataset, load_dataset, parse_row_selection
-from .errors import (
+from .._client import RolloutClient
+from .._errors import (
+    RolloutAdmissionTimeoutError,
+    RolloutProtocolError,
+    RolloutProtocolVersionError,
+)
+from ._dataset import Dataset, load_dataset, parse_row_selection
+from ._errors import (
     EXIT_INCOMPLETE,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -67,8 +71,8 @@ from .errors import (
     EvalInputError,
     RunStateError,
 )
-from .journal import DONE_OUTCOMES, Journal, JournalRecord, latest_by_item
-from .manifest import (
+from ._journal import DONE_OUTCOMES, Journal, JournalRecord, latest_by_item
+from ._manifest import (
     Manifest,
     RunInputs,
     compare_manifests,
@@ -76,8 +80,8 @@ from .manifest import (
     read_manifest,
     write_manifest,
 )
-from .progress import Progress
-from .summary import format_summary, summarize, write_summary
+from ._progress import Progress
+from ._summary import format_summary, summarize, write_summary
 
 __all__ = [
     "DEFAULT_CONCURRENCY_WITHOUT_LIMIT",

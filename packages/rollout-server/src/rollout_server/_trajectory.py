@@ -62,7 +62,7 @@ from typing import Any, Final
 
 from rollout_types import fit_json
 
-from .backend import ExecutionRequest, ExecutionResult, Sample
+from ._backend import ExecutionRequest, ExecutionResult, Sample
 
 __all__ = [
     "ARTIFACTS_DIR_NAME",

@@ -13,8 +13,8 @@ from typing import Any
 
 import attrs
 
-from .enums import CancelDisposition, RolloutErrorCategory, RolloutStatus, is_terminal
-from .errors import FieldValueError
+from ._enums import CancelDisposition, RolloutErrorCategory, RolloutStatus, is_terminal
+from ._errors import FieldValueError
 
 __all__ = [
     "CancelRolloutsRequest",

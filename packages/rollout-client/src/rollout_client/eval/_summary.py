@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from .journal import JournalRecord, latest_by_item, utc_now
+from ._journal import JournalRecord, latest_by_item, utc_now
 
 __all__ = [
     "SUMMARY_FORMAT",

@@ -39,17 +39,17 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from ._logsink import TurnBufferedStreamHandler
-from .app import (
+from ._app import (
     DEFAULT_KEEPALIVE_TIMEOUT_SEC,
     DEFAULT_MAX_BODY_BYTES,
     ROLLOUT_SERVER_KEY,
     create_rollout_server,
 )
-from .backend import ExecutionBackend
-from .errors import ServerConfigError, ServeTargetError
-from .registry import DEFAULT_STATUS_CHANGE_GRACE_SEC
-from .shutdown import ShutdownTimeouts
+from ._backend import ExecutionBackend
+from ._errors import ServerConfigError, ServeTargetError
+from ._logsink import TurnBufferedStreamHandler
+from ._registry import DEFAULT_STATUS_CHANGE_GRACE_SEC
+from ._shutdown import ShutdownTimeouts
 
 __all__ = ["GC_YOUNG_THRESHOLD", "build_app", "load_target", "main", "serve", "tune_collector"]
 

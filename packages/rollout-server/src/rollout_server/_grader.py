@@ -10,9 +10,9 @@ from typing import Any
 
 import attrs
 
+from ._backend import Sample
 from ._config import BaseConfig
 from ._lazydir import LazyDirectory, directory_repr, resolve_directory
-from .backend import Sample
 
 __all__ = ["Grader", "GraderConfig", "GraderContext"]
 

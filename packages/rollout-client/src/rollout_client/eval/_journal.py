@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
-from .errors import JournalError
+from ._errors import JournalError
 
 __all__ = [
     "DONE_OUTCOMES",

@@ -35,13 +35,13 @@ from rollout_types import (
     is_terminal,
 )
 
+from ._backend import ExecutionBackend, ExecutionRequest
+from ._errors import ServerConfigError
 from ._execution import finish_execution, start_execution
-from .backend import ExecutionBackend, ExecutionRequest
-from .errors import ServerConfigError
-from .middleware import make_protocol_middleware
-from .registry import DEFAULT_STATUS_CHANGE_GRACE_SEC, RolloutRecord, RolloutRegistry
-from .routes import DEFAULT_RETRY_AFTER_SEC, build_routes
-from .shutdown import ShutdownTimeouts, run_staged_shutdown
+from ._middleware import make_protocol_middleware
+from ._registry import DEFAULT_STATUS_CHANGE_GRACE_SEC, RolloutRecord, RolloutRegistry
+from ._routes import DEFAULT_RETRY_AFTER_SEC, build_routes
+from ._shutdown import ShutdownTimeouts, run_staged_shutdown
 
 __all__ = [
     "DEFAULT_KEEPALIVE_TIMEOUT_SEC",
@@ -329,7 +329,7 @@ class RolloutServer:
             logger.info("Rollout server shutting down: admissions closed")
 
     async def drain(self, *, collect: bool = True) -> None:
-        """Run the staged shutdown (see :mod:`rollout_server.shutdown`) once.
+        """Run the staged shutdown (see :mod:`rollout_server._shutdown`) once.
 
         Concurrent and later calls wait for the same run.
 

@@ -18,7 +18,7 @@ import attrs
 
 from rollout_types import RolloutStatus
 
-from .backend import Sample
+from ._backend import Sample
 
 __all__ = [
     "CHAT_COMPLETIONS_URL_ENV",

@@ -16,8 +16,8 @@ from typing import Any, Final
 
 import attrs
 
-from .converter import converter, dumps
-from .models import RolloutSample
+from ._converter import converter, dumps
+from ._models import RolloutSample
 
 __all__ = ["fit_json", "json_safe_sample", "scrub_text"]
 

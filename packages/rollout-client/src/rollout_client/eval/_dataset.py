@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from .errors import DatasetError, EvalInputError, RowIssue
+from ._errors import DatasetError, EvalInputError, RowIssue
 
 __all__ = [
     "MAX_REPORTED_ISSUES",

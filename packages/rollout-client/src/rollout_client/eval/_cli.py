@@ -35,16 +35,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EvalError, EvalInputError
-from .progress import PROGRESS_MODES
-from .runner import (
+from ._errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EvalError, EvalInputError
+from ._progress import PROGRESS_MODES
+from ._runner import (
     DEFAULT_MAX_CONSECUTIVE_INFRA_FAILURES,
     DEFAULT_OUTPUT_DIR,
     EvalOptions,
     RunControl,
     run_eval,
 )
-from .summary import format_summary
+from ._summary import format_summary
 
 __all__ = ["GC_YOUNG_THRESHOLD", "build_parser", "collector_tuned", "main"]
 

@@ -24,16 +24,16 @@ from rollout_types import (
     structure_wire,
 )
 
-from ._polling import Lease, poll_until_terminal
-from ._settings import DEFAULT_SETTINGS, ClientSettings
-from ._transport import HttpResponse, Transport
-from .errors import (
+from ._errors import (
     RolloutAdmissionTimeoutError,
     RolloutProtocolError,
     RolloutProtocolVersionError,
 )
-from .handle import RolloutHandle
-from .retry import WAIT_IDLE_RETRY_STATUSES, parse_retry_after
+from ._handle import RolloutHandle
+from ._polling import Lease, poll_until_terminal
+from ._retry import WAIT_IDLE_RETRY_STATUSES, parse_retry_after
+from ._settings import DEFAULT_SETTINGS, ClientSettings
+from ._transport import HttpResponse, Transport
 
 __all__ = ["RolloutClient"]
 
