@@ -187,7 +187,7 @@ class TestRebuildFromGit:
         for name, wheel in wheels.items():
             pyproject = git("show", f"{head}:packages/{name}/pyproject.toml")
             assert f'version = "{compat.wheel_version(wheel)}"' in pyproject
-        constants = "rollout_types/constants.py"
+        constants = "rollout_types/_constants.py"
         with zipfile.ZipFile(wheels["rollout-types"]) as archive:
             built = archive.read(constants).decode()
         assert built == git("show", f"{head}:packages/rollout-types/src/{constants}")
