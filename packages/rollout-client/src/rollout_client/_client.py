@@ -212,10 +212,11 @@ class RolloutClient:
     ) -> RolloutHandle:
         """Admit a rollout and return a handle that polls its result in the background.
 
-        Admission retries HTTP 429 after the answer's ``Retry-After`` (missing or invalid:
-        1 s; clamped to [0.05, 60] s) and accepts only a 202 whose body is valid and echoes
-        ``rollout_id``. Nothing else is retried: a caller that retries after a transport
-        error must expect 409 if the first attempt was in fact admitted.
+        Admission retries HTTP 429 after the answer's ``Retry-After`` (by default missing
+        or invalid: 1 s; clamped to [0.05, 60] s; see :class:`~rollout_client.RetrySettings`)
+        and accepts only a 202 whose body is valid and echoes ``rollout_id``. Nothing else
+        is retried: a caller that retries after a transport error must expect 409 if the
+        first attempt was in fact admitted.
 
         Args:
             initial_messages: The prompt: a list of JSON objects (chat messages).

@@ -55,7 +55,6 @@ __all__ = [
     "TransportFailure",
     "check_protocol_version",
     "classify",
-    "detail_suffix",
     "make_session",
 ]
 
@@ -168,34 +167,29 @@ class HttpResponse:
     body: bytes
 
     def detail_suffix(self) -> str:
-        """``": <detail>"`` from an error body, for messages; empty when it has none."""
-        return detail_suffix(self.body)
+        """A short, secret-free summary of the body's ``detail``: ``": <text>"`` or ``""``.
 
-
-def detail_suffix(body: bytes) -> str:
-    """A short, secret-free summary of an error body's ``detail``: ``": <text>"`` or ``""``.
-
-    A string ``detail`` is quoted; a 422 list gives ``loc: msg`` per entry (never the
-    ``input``, which may hold secrets); the text is cut at 300 characters.
-    """
-    try:
-        detail = loads(body).get("detail")
-    except (WireValidationError, AttributeError):
-        return ""
-    if isinstance(detail, str):
-        text = detail
-    elif isinstance(detail, list):
-        parts = []
-        for entry in detail:
-            if isinstance(entry, dict):
-                loc = ".".join(str(p) for p in entry.get("loc", ()))
-                parts.append(f"{loc}: {entry.get('msg', '')}")
-        text = "; ".join(parts)
-    else:
-        return ""
-    if len(text) > _DETAIL_LIMIT:
-        text = text[:_DETAIL_LIMIT] + "..."
-    return f": {text}" if text else ""
+        A string ``detail`` is quoted; a 422 list gives ``loc: msg`` per entry (never the
+        ``input``, which may hold secrets); the text is cut at 300 characters.
+        """
+        try:
+            detail = loads(self.body).get("detail")
+        except (WireValidationError, AttributeError):
+            return ""
+        if isinstance(detail, str):
+            text = detail
+        elif isinstance(detail, list):
+            parts = []
+            for entry in detail:
+                if isinstance(entry, dict):
+                    loc = ".".join(str(p) for p in entry.get("loc", ()))
+                    parts.append(f"{loc}: {entry.get('msg', '')}")
+            text = "; ".join(parts)
+        else:
+            return ""
+        if len(text) > _DETAIL_LIMIT:
+            text = text[:_DETAIL_LIMIT] + "..."
+        return f": {text}" if text else ""
 
 
 def _encoded_base(url: str) -> URL:
