@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import attrs
 import pytest
 
 from rollout_client import RolloutClient, RolloutProtocolError, RolloutProtocolVersionError
-from rollout_client._settings import DEFAULT_SETTINGS
+from rollout_client.testing import override_timing
 from rollout_server import (
     ExecutionBackend,
     ExecutionOutcome,
@@ -110,7 +109,7 @@ class TestEndToEnd:
         async def record(delay: float) -> None:
             sleeps.append(delay)
 
-        client._settings = attrs.evolve(DEFAULT_SETTINGS, sleep=record)
+        override_timing(client, sleep=record)
         backend.full = True
         backend.open("r429")
         async with asyncio.timeout(EVENT_SEC):

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
-import attrs
 import pytest
 
 from rollout_client import RolloutClient, RolloutProtocolError
-from rollout_client._settings import DEFAULT_SETTINGS
+from rollout_client.testing import override_timing
 from rollout_server import (
     ExecutionBackend,
     ExecutionOutcome,
@@ -72,7 +71,7 @@ async def setup(serve_rollout):
         await asyncio.sleep(0)
 
     async with RolloutClient(url=server.url) as client:
-        client._settings = attrs.evolve(DEFAULT_SETTINGS, sleep=record)
+        override_timing(client, sleep=record)
         yield backend, server, client, sleeps
         backend.release()
 

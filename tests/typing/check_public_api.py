@@ -28,14 +28,25 @@ async def _client_usage() -> None:
     import aiohttp
 
     from rollout_client import (
+        RetrySettings,
         RolloutAdmissionTimeoutError,
         RolloutClient,
         RolloutHandle,
         RolloutProtocolError,
     )
+    from rollout_client.testing import override_timing
 
+    retry = RetrySettings(gateway_delays_sec=(0.5, 1.0), gateway_statuses={502, 503})
+    delays: tuple[float, ...] = retry.transport_delays_sec
     async with aiohttp.ClientSession() as session:
-        client = RolloutClient(url="http://127.0.0.1:8000", http_client=session, api_key="k")
+        client = RolloutClient(
+            url="http://127.0.0.1:8000", http_client=session, api_key="k", retry=retry
+        )
+
+        async def instant(delay_sec: float) -> None:
+            del delay_sec
+
+        override_timing(client, sleep=instant, result_read_grace_sec=0.5)
         final: RolloutResultResponse = await client.run_rollout(
             initial_messages=[{"role": "user", "content": "What is 6 * 7?"}],
             chat_completions_url="http://127.0.0.1:9000/v1",
@@ -54,7 +65,7 @@ async def _client_usage() -> None:
         timeout_error: TimeoutError = RolloutAdmissionTimeoutError(
             "x", rollout_id="r1", may_have_succeeded=False
         )
-        del final, phase, latest, awaited, health, code, timeout_error
+        del final, phase, latest, awaited, health, code, timeout_error, delays
 
 
 # -- rollout_server: a workflow, a grader, LocalBackend and the app factory -----------------

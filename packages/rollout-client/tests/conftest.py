@@ -3,7 +3,8 @@
 * ``serve`` starts an aiohttp app built from route definitions on 127.0.0.1 port 0 and
   records every request it receives (``FakeServer.requests``).
 * ``make_client`` builds a :class:`RolloutClient` whose backoff sleeps are instant and
-  whose lease clock is simulated (``FakeTime``): every sleep advances the clock by its
+  whose lease clock is simulated (``FakeTime``, installed with the public
+  ``rollout_client.testing.override_timing``): every sleep advances the clock by its
   delay, so retry schedules and the lease-fit rule run without waiting.
 * Every async test runs under the default event loop and under uvloop (when installed).
 
@@ -24,7 +25,7 @@ import pytest
 from aiohttp import web
 
 from rollout_client import RolloutClient
-from rollout_client._settings import DEFAULT_SETTINGS, ClientSettings
+from rollout_client.testing import override_timing
 
 try:
     import uvloop
@@ -212,26 +213,29 @@ async def make_client(
 ) -> AsyncIterator[Callable[..., RolloutClient]]:
     """Build clients with instant sleeps (see ``FakeTime``); closed at teardown.
 
-    Keyword ``settings`` (a dict) overrides other :class:`ClientSettings` fields.
+    Keyword ``timing`` (a dict) passes more arguments to ``override_timing`` (such as
+    ``result_read_grace_sec``); ``real_time=True`` keeps the real sleep and clock. Other
+    keywords go to :class:`RolloutClient` (``retry=RetrySettings(...)``, ...).
     """
     clients: list[RolloutClient] = []
 
-    def build(url: str, *, settings: dict[str, Any] | None = None, **kwargs: Any) -> RolloutClient:
+    def build(
+        url: str,
+        *,
+        timing: dict[str, Any] | None = None,
+        real_time: bool = False,
+        **kwargs: Any,
+    ) -> RolloutClient:
         client = RolloutClient(url=url, **kwargs)
-        client._settings = attrs.evolve(
-            DEFAULT_SETTINGS, sleep=fake_time.sleep, clock=fake_time.clock, **(settings or {})
-        )
+        if not real_time:
+            override_timing(client, sleep=fake_time.sleep, clock=fake_time.clock)
+        override_timing(client, **(timing or {}))
         clients.append(client)
         return client
 
     yield build
     for client in clients:
         await client.aclose()
-
-
-def real_settings(**overrides: Any) -> ClientSettings:
-    """The default settings (real sleeps and clock) with some fields overridden."""
-    return attrs.evolve(DEFAULT_SETTINGS, **overrides)
 
 
 def json_response(body: Any, status: int = 200, **headers: str) -> web.Response:

@@ -23,7 +23,6 @@ from .conftest import (
     drop,
     init_body,
     json_response,
-    real_settings,
     result_body,
     scripted,
 )
@@ -285,8 +284,7 @@ class TestAdmissionTimeout:
         server = await serve(
             web.post("/rollout", lambda r: json_response({}, 429, **{"Retry-After": "60"}))
         )
-        client = make_client(server.url, admission_timeout_sec=0.2)
-        client._settings = real_settings()
+        client = make_client(server.url, admission_timeout_sec=0.2, real_time=True)
         with pytest.raises(RolloutAdmissionTimeoutError) as e:
             await client.run_rollout_async(MESSAGES, "u", "r1")
         assert "may have succeeded" not in str(e.value)

@@ -11,9 +11,10 @@ import pytest
 from aiohttp import web
 
 from rollout_client import RolloutClient, RolloutProtocolError
+from rollout_client.testing import override_timing
 from rollout_types import CancelDisposition, CancelRolloutsResponse
 
-from .conftest import EVENT_SEC, drop, json_response, real_settings, scripted
+from .conftest import EVENT_SEC, drop, json_response, scripted
 
 PID = "1ea4b315-cd63-4855-8d5a-4828dd319e9d"
 
@@ -83,7 +84,7 @@ class TestCancelRollout:
             return json_response({"dispositions": {}})
 
         server = await serve(web.post("/rollout/cancel", hang))
-        client = make_client(server.url, settings={"cancel_timeout_sec": 0.2})
+        client = make_client(server.url, timing={"cancel_timeout_sec": 0.2})
         with pytest.raises(TimeoutError, match=r"did not finish within 0\.2 seconds"):
             await client.cancel_rollout("r1")
 
@@ -103,7 +104,7 @@ class TestCancelRollout:
         connector = aiohttp.TCPConnector(limit=1)
         async with aiohttp.ClientSession(connector=connector) as session:
             client = RolloutClient(url=server.url, http_client=session)
-            client._settings = real_settings(cancel_timeout_sec=0.2)
+            override_timing(client, cancel_timeout_sec=0.2)
             blocker = asyncio.create_task(client.health())
             async with asyncio.timeout(EVENT_SEC):
                 await entered.wait()
@@ -259,8 +260,7 @@ class TestWaitIdle:
     async def test_times_out(self, serve, make_client):
         """A server that stays busy makes wait_idle raise TimeoutError at timeout_sec."""
         server = await serve(web.get("/health", answer(health(3))))
-        client = make_client(server.url)
-        client._settings = real_settings()
+        client = make_client(server.url, real_time=True)
         with pytest.raises(TimeoutError, match=r"did not become idle within 0\.2 seconds") as e:
             await client.wait_idle(timeout_sec=0.2, poll_interval_sec=0.05)
         assert "active_rollouts=3" in str(e.value)

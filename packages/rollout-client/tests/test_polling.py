@@ -10,8 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from rollout_client import RolloutProtocolError
-from rollout_client._retry import RetrySchedule
+from rollout_client import RetrySettings, RolloutProtocolError
 from rollout_types import LEASE_HEADER, RolloutErrorCategory, RolloutStatus
 
 from .conftest import EVENT_SEC, drop, init_body, json_response, result_body, scripted
@@ -107,7 +106,7 @@ class TestTransportRetries:
             return json_response(result_body("r1"))
 
         server = await polled(serve, slow_once)
-        client = make_client(server.url, settings={"result_read_grace_sec": 0.2})
+        client = make_client(server.url, timing={"result_read_grace_sec": 0.2})
         assert (await client.run_rollout(MESSAGES, "u", "r1")).status == "success"
         assert fake_time.sleeps == [0.1]
 
@@ -119,7 +118,7 @@ class TestTransportRetries:
             return json_response(result_body("r1"))
 
         server = await polled(serve, slowish, wait=0.25)
-        client = make_client(server.url, settings={"result_read_grace_sec": 5.0})
+        client = make_client(server.url, timing={"result_read_grace_sec": 5.0})
         assert (await client.run_rollout(MESSAGES, "u", "r1")).status == "success"
         assert fake_time.sleeps == []
 
@@ -270,7 +269,7 @@ class TestLeaseFit:
         # read timeout 0.05 + 1.0 = 1.05 s; lease 4 s from admission: 0.25, 0.5 and 1 s fit,
         # 2 s would end at 1.75 + 2 + 1.05 = 4.8 s.
         server = await polled(serve, http(502), lease=4.0)
-        client = make_client(server.url, settings={"result_read_grace_sec": 1.0})
+        client = make_client(server.url, timing={"result_read_grace_sec": 1.0})
         with pytest.raises(RolloutProtocolError, match="returned 502"):
             await client.run_rollout(MESSAGES, "u", "r1")
         assert fake_time.sleeps == [0.25, 0.5, 1.0]
@@ -281,7 +280,7 @@ class TestLeaseFit:
             serve, http(502), http(502), http(502), ok("running"), http(502), http(502),
             http(502), ok(), lease=4.0,
         )  # fmt: skip
-        client = make_client(server.url, settings={"result_read_grace_sec": 1.0})
+        client = make_client(server.url, timing={"result_read_grace_sec": 1.0})
         assert (await client.run_rollout(MESSAGES, "u", "r1")).status == "success"
         assert fake_time.sleeps == [0.25, 0.5, 1.0, 0.25, 0.5, 1.0]
 
@@ -297,9 +296,9 @@ class TestLeaseFit:
 
     async def test_custom_schedule_exhausted(self, serve, make_client, fake_time):
         """A schedule given as data is followed exactly."""
-        schedule = RetrySchedule(delays=(1.0, 1.0), statuses=frozenset({502}))
+        schedule = RetrySettings(gateway_delays_sec=(1.0, 1.0), gateway_statuses=frozenset({502}))
         server = await polled(serve, http(502))
-        client = make_client(server.url, settings={"gateway_retry": schedule})
+        client = make_client(server.url, retry=schedule)
         with pytest.raises(RolloutProtocolError):
             await client.run_rollout(MESSAGES, "u", "r1")
         assert fake_time.sleeps == [1.0, 1.0]
@@ -316,7 +315,7 @@ class TestLeaseFit:
             return response
 
         server = await polled(serve, http(502), trickle, lease=1.5)
-        client = make_client(server.url, settings={"result_read_grace_sec": 0.5})
+        client = make_client(server.url, timing={"result_read_grace_sec": 0.5})
         with pytest.raises(RolloutProtocolError, match="returned 502") as e:
             async with asyncio.timeout(EVENT_SEC):
                 await client.run_rollout(MESSAGES, "u", "r1")

@@ -30,7 +30,7 @@ class TestItem44ReadTimeouts:
             web.post("/rollout", lambda r: json_response(init_body("r1", wait=0.05), 202)),
             web.get("/rollout/r1/result", never),
         )
-        client = make_client(server.url, settings={"result_read_grace_sec": 0.1})
+        client = make_client(server.url, timing={"result_read_grace_sec": 0.1})
         with pytest.raises(aiohttp.ServerTimeoutError):
             await client.run_rollout(MESSAGES, "u", "r1")
         assert fake_time.sleeps == [0.1, 0.5]
@@ -57,7 +57,7 @@ class TestItem44ReadTimeouts:
             web.post("/rollout", lambda r: json_response(init_body("r1", wait=0.05), 202)),
             web.get("/rollout/r1/result", answer),
         )
-        client = make_client(server.url, settings={"result_read_grace_sec": 0.1})
+        client = make_client(server.url, timing={"result_read_grace_sec": 0.1})
         assert (await client.run_rollout(MESSAGES, "u", "r1")).status == "success"
         assert fake_time.sleeps == [0.1, 0.5, 0.25]
 

@@ -12,21 +12,17 @@ from multidict import CIMultiDict
 
 import rollout_client
 from rollout_client import (
+    RetrySettings,
     RolloutAdmissionTimeoutError,
     RolloutClientError,
     RolloutProtocolError,
     RolloutProtocolVersionError,
 )
-from rollout_client._retry import (
-    GATEWAY_RETRY,
-    TRANSPORT_RETRY,
-    RetrySchedule,
-    parse_retry_after,
-    retry_fits_lease,
-)
+from rollout_client._retry import next_delay, parse_retry_after, retry_fits_lease
 from rollout_client._transport import TransportFailure, check_protocol_version, classify
 
 EXPECTED_ALL = [
+    "RetrySettings",
     "RolloutAdmissionTimeoutError",
     "RolloutClient",
     "RolloutClientError",
@@ -78,14 +74,14 @@ class TestErrors:
 class TestRetryData:
     def test_schedules(self):
         """The schedules are the protocol's: 0.1/0.5 s and 0.25 s doubling to 8 s."""
-        assert TRANSPORT_RETRY.delays == (0.1, 0.5)
-        assert GATEWAY_RETRY.delays == (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-        assert GATEWAY_RETRY.statuses == frozenset({502, 503, 504})
+        defaults = RetrySettings()
+        assert defaults.transport_delays_sec == (0.1, 0.5)
+        assert defaults.gateway_delays_sec == (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+        assert defaults.gateway_statuses == frozenset({502, 503, 504})
 
     def test_delay_exhaustion(self):
-        """delay() gives each backoff, then None."""
-        schedule = RetrySchedule(delays=(1.0, 2.0))
-        assert [schedule.delay(i) for i in range(3)] == [1.0, 2.0, None]
+        """next_delay() gives each backoff, then None."""
+        assert [next_delay((1.0, 2.0), i) for i in range(3)] == [1.0, 2.0, None]
 
     @pytest.mark.parametrize(
         ("value", "expected"),

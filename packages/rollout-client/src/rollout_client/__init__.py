@@ -1,4 +1,8 @@
-"""Caller side of the rollout protocol: ``RolloutClient`` and the awaitable ``RolloutHandle``."""
+"""Caller side of the rollout protocol: ``RolloutClient`` and the awaitable ``RolloutHandle``.
+
+``rollout_client.eval`` is the ``rollout-eval`` job as a library; ``rollout_client.testing``
+holds hooks for tests (instant sleeps, a simulated clock).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,13 @@ from ._errors import (
     RolloutProtocolVersionError,
 )
 from ._handle import RolloutHandle
+from ._retry import RetrySettings
 from ._version import VERSION
 
 __version__ = VERSION
 
 __all__ = [
+    "RetrySettings",
     "RolloutAdmissionTimeoutError",
     "RolloutClient",
     "RolloutClientError",

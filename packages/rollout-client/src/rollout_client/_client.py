@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Self
 
 import aiohttp
+import attrs
 
 from rollout_types import (
-    PROTOCOL_VERSION,
     CancelRolloutsRequest,
     CancelRolloutsResponse,
-    RolloutInitRequest,
-    RolloutInitResponse,
-    RolloutLifecycle,
     RolloutResultResponse,
     WireValidationError,
     dumps,
@@ -24,93 +20,17 @@ from rollout_types import (
     structure_wire,
 )
 
-from ._errors import (
-    RolloutAdmissionTimeoutError,
-    RolloutProtocolError,
-    RolloutProtocolVersionError,
-)
+from ._admission import admit, build_request
+from ._checks import check_api_key, check_seconds
+from ._errors import RolloutProtocolError, RolloutProtocolVersionError
 from ._handle import RolloutHandle
+from ._health import check_identity, health_payload, lifecycle_of
 from ._polling import Lease, poll_until_terminal
-from ._retry import WAIT_IDLE_RETRY_STATUSES, parse_retry_after
+from ._retry import WAIT_IDLE_RETRY_STATUSES, RetrySettings
 from ._settings import DEFAULT_SETTINGS, ClientSettings
-from ._transport import HttpResponse, Transport
+from ._transport import Transport
 
 __all__ = ["RolloutClient"]
-
-_MAY_HAVE_SUCCEEDED: Final = (
-    "; admission may have succeeded; the server requests cancellation when an unobserved "
-    "rollout's polling lease expires"
-)
-_CALLBACK_PROTOCOL_SERVER: Final = "0.3 (osmosis-ai <= 0.3.2 callback protocol)"
-_DETAIL_LIMIT: Final = 300
-
-
-def _check_seconds(name: str, value: object, *, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number of seconds; got {value!r}")
-    seconds = float(value)
-    if not math.isfinite(seconds):
-        raise ValueError(f"{name} must be finite; got {value!r}")
-    if positive and seconds <= 0:
-        raise ValueError(f"{name} must be greater than 0; got {value!r}")
-    return seconds
-
-
-def _check_api_key(api_key: object) -> str | None:
-    if api_key is None:
-        return None
-    if not isinstance(api_key, str) or not api_key.strip():
-        raise ValueError(
-            "api_key must be a non-blank string (the server's bearer key), or None for a "
-            f"server without authentication; got {api_key!r}"
-        )
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in api_key):
-        raise ValueError(
-            "api_key must not contain control characters (they cannot travel in an "
-            "Authorization header)"
-        )
-    return api_key
-
-
-def _detail(body: bytes) -> str:
-    """A short, secret-free summary of an error body's ``detail`` for messages."""
-    try:
-        detail = loads(body).get("detail")
-    except (WireValidationError, AttributeError):
-        return ""
-    if isinstance(detail, str):
-        text = detail
-    elif isinstance(detail, list):
-        parts = []
-        for entry in detail:
-            if isinstance(entry, dict):
-                loc = ".".join(str(p) for p in entry.get("loc", ()))
-                parts.append(f"{loc}: {entry.get('msg', '')}")
-        text = "; ".join(parts)
-    else:
-        return ""
-    if len(text) > _DETAIL_LIMIT:
-        text = text[:_DETAIL_LIMIT] + "..."
-    return f": {text}" if text else ""
-
-
-def _is_callback_protocol_rejection(body: bytes) -> bool:
-    """Whether a 422 is an osmosis-ai <= 0.3.2 server missing ``completion_callback_url``."""
-    try:
-        detail = loads(body).get("detail")
-    except (WireValidationError, AttributeError):
-        return False
-    return isinstance(detail, list) and any(
-        isinstance(entry, dict) and entry.get("loc") == ["body", "completion_callback_url"]
-        for entry in detail
-    )
-
-
-_ADMISSION_HINTS: Final = {
-    401: " (unauthorized: pass the server's api_key to RolloutClient(api_key=...))",
-    409: " (the rollout_id is already registered on the server: use a fresh id per attempt)",
-    503: " (the server is shutting down and admits no new rollouts)",
-}
 
 
 class RolloutClient:
@@ -145,14 +65,20 @@ class RolloutClient:
             backoff), seconds; finite; zero or negative expire at once; default None (no
             bound). It does not limit execution.
         api_key: The server's bearer key; default None (no ``Authorization`` header).
+        retry: The retry schedules of result polls and the 429 backoff of admission;
+            default None (``RetrySettings()``: osmosis-ai 0.3.8's, see
+            :class:`~rollout_client.RetrySettings`).
 
     Raises:
         ValueError: ``url`` is not an absolute http(s) URL, ``admission_timeout_sec`` is
             not finite, or ``api_key`` is empty, whitespace-only or holds control
             characters.
-        TypeError: ``http_client`` is not an :class:`aiohttp.ClientSession`.
+        TypeError: ``http_client`` is not an :class:`aiohttp.ClientSession`, or ``retry``
+            not a :class:`~rollout_client.RetrySettings`.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2
+       The ``retry`` parameter.
     """
 
     def __init__(
@@ -162,6 +88,7 @@ class RolloutClient:
         http_client: aiohttp.ClientSession | None = None,
         admission_timeout_sec: float | None = None,
         api_key: str | None = None,
+        retry: RetrySettings | None = None,
     ) -> None:
         session: object = http_client
         if session is not None and not isinstance(session, aiohttp.ClientSession):
@@ -169,13 +96,20 @@ class RolloutClient:
                 f"http_client must be an aiohttp.ClientSession or None; got "
                 f"{type(session).__name__}"
             )
+        given: object = retry
+        if given is not None and not isinstance(given, RetrySettings):
+            raise TypeError(
+                f"retry must be a rollout_client.RetrySettings or None; got {type(given).__name__}"
+            )
         self._admission_timeout_sec = (
             None
             if admission_timeout_sec is None
-            else _check_seconds("admission_timeout_sec", admission_timeout_sec, positive=False)
+            else check_seconds("admission_timeout_sec", admission_timeout_sec, positive=False)
         )
-        self._transport = Transport(url=url, api_key=_check_api_key(api_key), session=http_client)
-        self._settings: ClientSettings = DEFAULT_SETTINGS
+        self._transport = Transport(url=url, api_key=check_api_key(api_key), session=http_client)
+        self._settings: ClientSettings = (
+            DEFAULT_SETTINGS if retry is None else attrs.evolve(DEFAULT_SETTINGS, retry=retry)
+        )
         self._handles: set[RolloutHandle] = set()
         self._closed = False
 
@@ -216,12 +150,6 @@ class RolloutClient:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this RolloutClient is closed; create a new one")
-
-    def _timeout(self, *, read_sec: float, pool_sec: float) -> aiohttp.ClientTimeout:
-        connect = self._settings.connect_timeout_sec
-        return aiohttp.ClientTimeout(
-            total=None, connect=max(pool_sec, connect), sock_connect=connect, sock_read=read_sec
-        )
 
     async def run_rollout(  # noqa: PLR0917 - the documented osmosis-ai signature
         self,
@@ -284,10 +212,11 @@ class RolloutClient:
     ) -> RolloutHandle:
         """Admit a rollout and return a handle that polls its result in the background.
 
-        Admission retries HTTP 429 after the answer's ``Retry-After`` (missing or invalid:
-        1 s; clamped to [0.05, 60] s) and accepts only a 202 whose body is valid and echoes
-        ``rollout_id``. Nothing else is retried: a caller that retries after a transport
-        error must expect 409 if the first attempt was in fact admitted.
+        Admission retries HTTP 429 after the answer's ``Retry-After`` (by default missing
+        or invalid: 1 s; clamped to [0.05, 60] s; see :class:`~rollout_client.RetrySettings`)
+        and accepts only a 202 whose body is valid and echoes ``rollout_id``. Nothing else
+        is retried: a caller that retries after a transport error must expect 409 if the
+        first attempt was in fact admitted.
 
         Args:
             initial_messages: The prompt: a list of JSON objects (chat messages).
@@ -317,7 +246,7 @@ class RolloutClient:
             aiohttp.ClientError: The POST failed on a transport error (not retried).
         """
         self._check_open()
-        request = _build_request(
+        request = build_request(
             initial_messages=initial_messages,
             chat_completions_url=chat_completions_url,
             rollout_id=rollout_id,
@@ -336,7 +265,13 @@ class RolloutClient:
                 f"the request for rollout {rollout_id!r} is not valid JSON: {exc}; "
                 "messages, metadata and extra_fields must hold finite JSON values only"
             ) from exc
-        admitted, sent_at = await self._admit(rollout_id, body)
+        admitted, sent_at = await admit(
+            self._transport,
+            self._settings,
+            rollout_id=rollout_id,
+            body=body,
+            timeout_sec=self._admission_timeout_sec,
+        )
         lease = Lease(
             token=admitted.polling_lease_token,
             result_wait_timeout_sec=admitted.result_wait_timeout_sec,
@@ -360,49 +295,6 @@ class RolloutClient:
         self._handles.add(handle)
         handle._on_done(self._handles.discard)
         return handle
-
-    async def _admit(self, rollout_id: str, body: bytes) -> tuple[RolloutInitResponse, float]:
-        """POST the admission, retrying 429s, within the admission deadline."""
-        timeout_sec = self._admission_timeout_sec
-        if timeout_sec is not None and timeout_sec <= 0:
-            raise RolloutAdmissionTimeoutError(
-                f"admission for rollout {rollout_id} timed out after {timeout_sec} seconds",
-                rollout_id=rollout_id,
-                may_have_succeeded=False,
-            )
-        settings = self._settings
-        url = self._transport.url("rollout")
-        loop = asyncio.get_running_loop()
-        scope = asyncio.timeout_at(None if timeout_sec is None else loop.time() + timeout_sec)
-        in_flight = False
-        try:
-            async with scope:
-                while True:
-                    sent_at = settings.clock()
-                    in_flight = True
-                    response = await self._transport.send(
-                        "POST",
-                        url,
-                        body=body,
-                        timeout=self._timeout(
-                            read_sec=settings.admission_read_timeout_sec,
-                            pool_sec=settings.admission_read_timeout_sec,
-                        ),
-                    )
-                    in_flight = False
-                    if response.status == 429:
-                        await settings.sleep(parse_retry_after(response.headers))
-                        continue
-                    return _admission_answer(rollout_id, response), sent_at
-        except TimeoutError as exc:
-            if not scope.expired():
-                raise
-            raise RolloutAdmissionTimeoutError(
-                f"admission for rollout {rollout_id} timed out after {timeout_sec} seconds"
-                + (_MAY_HAVE_SUCCEEDED if in_flight else ""),
-                rollout_id=rollout_id,
-                may_have_succeeded=in_flight,
-            ) from exc
 
     async def cancel_rollout(self, rollout_id: str) -> CancelRolloutsResponse:
         """Ask the server to cancel a rollout; bounded to 5 s wall clock, pool wait included.
@@ -442,7 +334,7 @@ class RolloutClient:
             ) from exc
         if response.status != 200:
             raise RolloutProtocolError(
-                f"POST /rollout/cancel returned {response.status}{_detail(response.body)}",
+                f"POST /rollout/cancel returned {response.status}{response.detail_suffix()}",
                 status_code=response.status,
             )
         try:
@@ -474,29 +366,13 @@ class RolloutClient:
                 response = await self._transport.send(
                     "GET",
                     self._transport.url("health"),
-                    timeout=self._timeout(read_sec=bound, pool_sec=bound),
+                    timeout=self._settings.timeout(read_sec=bound, pool_sec=bound),
                 )
         except TimeoutError as exc:
             if isinstance(exc, aiohttp.ClientError):
                 raise
             raise TimeoutError(f"GET /health did not answer within {bound} seconds") from exc
-        if response.status != 200:
-            raise RolloutProtocolError(
-                f"GET /health failed with HTTP {response.status}{_detail(response.body)}",
-                status_code=response.status,
-            )
-        try:
-            data = loads(response.body)
-        except WireValidationError as exc:
-            raise RolloutProtocolError(
-                "GET /health returned invalid JSON", status_code=200
-            ) from exc
-        if not isinstance(data, dict):
-            raise RolloutProtocolError(
-                f"GET /health returned invalid JSON: expected an object, got {type(data).__name__}",
-                status_code=200,
-            )
-        return data
+        return health_payload(response)
 
     async def wait_idle(
         self,
@@ -529,8 +405,8 @@ class RolloutClient:
                 404, invalid JSON, ...).
         """
         self._check_open()
-        timeout = _check_seconds("timeout_sec", timeout_sec, positive=True)
-        interval = _check_seconds("poll_interval_sec", poll_interval_sec, positive=True)
+        timeout = check_seconds("timeout_sec", timeout_sec, positive=True)
+        interval = check_seconds("poll_interval_sec", poll_interval_sec, positive=True)
         pinned: object = process_id
         if pinned is not None and (not isinstance(pinned, str) or not pinned):
             raise ValueError(
@@ -554,8 +430,8 @@ class RolloutClient:
                     except (aiohttp.ClientError, OSError) as exc:
                         last = f"{type(exc).__name__}: {exc}"
                     else:
-                        pinned = _check_identity(health, pinned)
-                        lifecycle = _lifecycle(health)
+                        pinned = check_identity(health, pinned)
+                        lifecycle = lifecycle_of(health)
                         if lifecycle.active_rollouts == 0:
                             return health
                         last = f"active_rollouts={lifecycle.active_rollouts}"
@@ -567,118 +443,3 @@ class RolloutClient:
                 f"the rollout server at {self.url} did not become idle within {timeout} "
                 f"seconds (last observation: {last})"
             ) from exc
-
-
-def _check_identity(health: dict[str, Any], pinned: object) -> str:
-    """Return the process id to pin, or raise when the server has none or restarted."""
-    process_id = health.get("process_id")
-    if not isinstance(process_id, str) or not process_id:
-        raise RolloutProtocolError(
-            "Server has no lifecycle identity: GET /health carries no process_id (servers "
-            "before osmosis-ai 0.3.5 report none), so wait_idle() cannot tell a restart",
-            status_code=200,
-        )
-    if pinned is None:
-        return process_id
-    if process_id != pinned:
-        raise RolloutProtocolError(
-            f"Server restarted while waiting: its process_id is {process_id!r}, expected "
-            f"{pinned!r}; work of the earlier process cannot be observed any more",
-            status_code=200,
-        )
-    return process_id
-
-
-def _lifecycle(health: dict[str, Any]) -> RolloutLifecycle:
-    try:
-        return structure_wire(health.get("lifecycle"), RolloutLifecycle, loc=("lifecycle",))
-    except WireValidationError as exc:
-        raise RolloutProtocolError(
-            f"Server has no valid lifecycle state: {exc}", status_code=200
-        ) from exc
-
-
-def _admission_answer(rollout_id: str, response: HttpResponse) -> RolloutInitResponse:
-    """Accept a 202 with a valid body for ``rollout_id``; raise for anything else."""
-    status = response.status
-    if status == 202:
-        try:
-            admitted = structure_wire(loads(response.body), RolloutInitResponse)
-        except WireValidationError as exc:
-            raise RolloutProtocolError(
-                f"POST /rollout returned an invalid response: {exc}", status_code=202
-            ) from exc
-        if admitted.rollout_id != rollout_id:
-            raise RolloutProtocolError(
-                f"POST /rollout returned a different rollout_id ({admitted.rollout_id!r} "
-                f"instead of {rollout_id!r})",
-                status_code=202,
-            )
-        return admitted
-    if status == 422 and _is_callback_protocol_rejection(response.body):
-        raise RolloutProtocolVersionError(
-            "the rollout server speaks the pre-0.3.3 callback protocol (osmosis-ai <= 0.3.2, "
-            "it requires completion_callback_url) and is too old for this client, which "
-            f"speaks the pull protocol (rollout protocol {PROTOCOL_VERSION}); upgrade the "
-            "client and the server together",
-            status_code=422,
-            client_version=PROTOCOL_VERSION,
-            server_version=_CALLBACK_PROTOCOL_SERVER,
-        )
-    raise RolloutProtocolError(
-        f"POST /rollout returned {status}; only 202 and 429 are accepted"
-        + _ADMISSION_HINTS.get(status, "")
-        + _detail(response.body),
-        status_code=status,
-    )
-
-
-def _build_request(
-    *,
-    initial_messages: list[dict[str, Any]],
-    chat_completions_url: str,
-    rollout_id: str,
-    llm_api_key: str | None,
-    label: str | None,
-    metadata: dict[str, Any] | None,
-    grade: bool,
-    agent_timeout_sec: float | None,
-    grader_timeout_sec: float | None,
-    extra_fields: dict[str, Any] | None,
-) -> RolloutInitRequest:
-    """Build the admission body and validate it as the server would (spec section 3.2)."""
-    checks: tuple[tuple[str, object, type | tuple[type, ...], bool], ...] = (
-        ("rollout_id", rollout_id, str, False),
-        ("chat_completions_url", chat_completions_url, str, False),
-        ("initial_messages", initial_messages, list, False),
-        ("llm_api_key", llm_api_key, str, True),
-        ("label", label, str, True),
-        ("metadata", metadata, dict, True),
-        ("grade", grade, bool, False),
-        ("extra_fields", extra_fields, dict, True),
-    )
-    for name, value, expected, optional in checks:
-        if (value is None and optional) or isinstance(value, expected):
-            continue
-        wanted = expected.__name__ if isinstance(expected, type) else expected
-        raise TypeError(
-            f"{name} must be {'None or ' if optional else ''}a {wanted}; got {type(value).__name__}"
-        )
-    for name, seconds in (
-        ("agent_timeout_sec", agent_timeout_sec),
-        ("grader_timeout_sec", grader_timeout_sec),
-    ):
-        if seconds is not None:
-            _check_seconds(name, seconds, positive=False)
-    return RolloutInitRequest(
-        initial_messages=initial_messages,
-        rollout_id=rollout_id,
-        chat_completions_url=chat_completions_url,
-        label=label,
-        metadata=metadata,
-        llm_api_key=llm_api_key,
-        grade=grade,
-        agent_timeout_sec=agent_timeout_sec,
-        grader_timeout_sec=grader_timeout_sec,
-        extra_fields=extra_fields,
-    )

@@ -21,7 +21,7 @@ from rollout_types import (
 )
 
 from ._errors import RolloutProtocolError
-from ._retry import RetrySchedule, retry_fits_lease
+from ._retry import next_delay, retry_fits_lease
 from ._settings import ClientSettings
 from ._transport import HttpResponse, Transport, TransportFailure, classify
 
@@ -72,14 +72,8 @@ class _Poller:
     def _timeout(self) -> aiohttp.ClientTimeout:
         # The pool wait plus connect (``connect``) may last as long as the lease still
         # does (a poll sent after that is too late anyway), never less than a connect.
-        settings = self._settings
-        remaining = self._deadline - settings.clock()
-        return aiohttp.ClientTimeout(
-            total=None,
-            connect=max(remaining, settings.connect_timeout_sec),
-            sock_connect=settings.connect_timeout_sec,
-            sock_read=self._read_timeout,
-        )
+        remaining = self._deadline - self._settings.clock()
+        return self._settings.timeout(read_sec=self._read_timeout, pool_sec=remaining)
 
     async def run(self) -> RolloutResultResponse:
         previous: RolloutResultResponse | None = None
@@ -122,7 +116,10 @@ class _Poller:
                 if classify(exc) is not TransportFailure.RETRYABLE:
                     raise
                 await self._backoff(
-                    settings.transport_retry, transport_attempts, exc, type(exc).__name__
+                    settings.retry.transport_delays_sec,
+                    transport_attempts,
+                    exc,
+                    type(exc).__name__,
                 )
                 transport_attempts += 1
                 last_error = exc
@@ -135,20 +132,23 @@ class _Poller:
                 f"{self._path} returned {response.status}" + _explain_status(response.status),
                 status_code=response.status,
             )
-            if response.status not in settings.gateway_retry.statuses:
+            if response.status not in settings.retry.gateway_statuses:
                 raise error
             await self._backoff(
-                settings.gateway_retry, gateway_attempts, error, f"HTTP {response.status}"
+                settings.retry.gateway_delays_sec,
+                gateway_attempts,
+                error,
+                f"HTTP {response.status}",
             )
             gateway_attempts += 1
             last_error = error
 
     async def _backoff(
-        self, schedule: RetrySchedule, attempt: int, error: BaseException, cause: str
+        self, delays: tuple[float, ...], attempt: int, error: BaseException, cause: str
     ) -> None:
         """Sleep before a retry, or raise ``error`` when the retry cannot fit the lease."""
         settings = self._settings
-        delay = schedule.delay(attempt)
+        delay = next_delay(delays, attempt)
         if delay is None or not retry_fits_lease(
             now=settings.clock(),
             delay_sec=delay,

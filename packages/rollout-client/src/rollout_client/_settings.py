@@ -1,8 +1,8 @@
-"""The client's timings and retry schedules, gathered in one frozen object.
+"""The client's timings and retry settings, gathered in one frozen object.
 
-:data:`DEFAULT_SETTINGS` holds the protocol's values. Tests swap in another
-:class:`ClientSettings` (``client._settings = attrs.evolve(DEFAULT_SETTINGS, ...)``) to make
-backoff sleeps instant, drive a fake clock or shorten the read grace.
+:data:`DEFAULT_SETTINGS` holds the protocol's values. ``RolloutClient(retry=...)`` replaces
+the retry schedules; :func:`rollout_client.testing.override_timing` replaces the sleep,
+the clock and the bounds tests shorten.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+import aiohttp
 import attrs
 
-from ._retry import GATEWAY_RETRY, TRANSPORT_RETRY, RetrySchedule
+from ._retry import DEFAULT_RETRY, RetrySettings
 
 __all__ = [
     "ADMISSION_READ_TIMEOUT_SEC",
@@ -58,8 +59,7 @@ async def _real_sleep(delay_sec: float) -> None:
 class ClientSettings:
     """Timings (float seconds) and retry schedules one :class:`RolloutClient` uses."""
 
-    transport_retry: RetrySchedule = TRANSPORT_RETRY
-    gateway_retry: RetrySchedule = GATEWAY_RETRY
+    retry: RetrySettings = DEFAULT_RETRY
     result_read_grace_sec: float = RESULT_READ_GRACE_SEC
     connect_timeout_sec: float = CONNECT_TIMEOUT_SEC
     admission_read_timeout_sec: float = ADMISSION_READ_TIMEOUT_SEC
@@ -70,6 +70,13 @@ class ClientSettings:
     """Backoff sleeps (retries, 429s, ``wait_idle`` intervals)."""
     clock: Callable[[], float] = time.monotonic
     """The clock of lease deadlines; must agree with ``sleep``."""
+
+    def timeout(self, *, read_sec: float, pool_sec: float) -> aiohttp.ClientTimeout:
+        """A request's aiohttp bounds: connect, pool wait plus connect, and each read."""
+        connect = self.connect_timeout_sec
+        return aiohttp.ClientTimeout(
+            total=None, connect=max(pool_sec, connect), sock_connect=connect, sock_read=read_sec
+        )
 
 
 DEFAULT_SETTINGS: Final = ClientSettings()

@@ -34,7 +34,6 @@ from urllib.parse import quote
 
 import aiohttp
 import attrs
-from multidict import CIMultiDictProxy
 from yarl import URL
 
 from rollout_types import (
@@ -45,6 +44,7 @@ from rollout_types import (
     protocol_compatible,
 )
 
+from ._aiohttp_private import disable_idempotent_replay
 from ._errors import RolloutProtocolVersionError
 from ._version import USER_AGENT
 
@@ -53,6 +53,7 @@ __all__ = [
     "HttpResponse",
     "Transport",
     "TransportFailure",
+    "check_protocol_version",
     "classify",
     "make_session",
 ]
@@ -60,13 +61,13 @@ __all__ = [
 CONNECTOR_KEEPALIVE_SEC: Final = 30.0
 """How long an idle pooled connection of a client-owned session is kept, seconds."""
 
-_CONNECTION_TIMEOUT: Final[type[BaseException] | None] = getattr(
-    aiohttp, "ConnectionTimeoutError", None
-)
-_SOCKET_TIMEOUT: Final[type[BaseException] | None] = getattr(aiohttp, "SocketTimeoutError", None)
+_DETAIL_LIMIT: Final = 300
+"""Longest ``detail`` text quoted in an error message, characters."""
+
 _CONNECTION_RESET: Final[type[BaseException]] = getattr(
     aiohttp, "ClientConnectionResetError", ConnectionResetError
 )
+"""aiohttp 3.10.6 added ``ClientConnectionResetError``; before it a reset is the builtin."""
 
 
 class TransportFailure(enum.Enum):
@@ -78,12 +79,6 @@ class TransportFailure(enum.Enum):
     """Opening a connection (pool wait included) timed out: never retried on polls."""
     FATAL = "fatal"
     """TLS, proxy, URL or other client errors: never retried on polls."""
-
-
-def _is_connect_timeout(exc: aiohttp.ServerTimeoutError) -> bool:
-    if _CONNECTION_TIMEOUT is not None:
-        return isinstance(exc, _CONNECTION_TIMEOUT)
-    return str(exc).startswith("Connection timeout")  # pragma: no cover - aiohttp < 3.10
 
 
 def classify(exc: BaseException) -> TransportFailure | None:
@@ -101,7 +96,7 @@ def classify(exc: BaseException) -> TransportFailure | None:
     if isinstance(exc, asyncio.CancelledError | RolloutProtocolVersionError):
         return None
     if isinstance(exc, aiohttp.ServerTimeoutError):
-        if _is_connect_timeout(exc):
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
             return TransportFailure.CONNECT_TIMEOUT
         return TransportFailure.RETRYABLE
     if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
@@ -157,11 +152,8 @@ def make_session() -> aiohttp.ClientSession:
         headers={"User-Agent": USER_AGENT},
         skip_auto_headers=("Accept", "Accept-Encoding"),
     )
-    # aiohttp silently replays an idempotent request once when its connection drops; the
-    # result poll has its own documented schedule (0.1 s, 0.5 s), so turn that off here.
-    # (aiohttp has no public switch; its own test client flips the same attribute.)
-    if hasattr(session, "_retry_connection"):
-        session._retry_connection = False
+    # The result poll has its own documented schedule (0.1 s, 0.5 s): no silent replay.
+    disable_idempotent_replay(session)
     return session
 
 
@@ -170,8 +162,34 @@ class HttpResponse:
     """One HTTP answer, its body read in full."""
 
     status: int
-    headers: CIMultiDictProxy[str]
+    headers: Mapping[str, str]
+    """Case-insensitive (aiohttp's ``CIMultiDictProxy``)."""
     body: bytes
+
+    def detail_suffix(self) -> str:
+        """A short, secret-free summary of the body's ``detail``: ``": <text>"`` or ``""``.
+
+        A string ``detail`` is quoted; a 422 list gives ``loc: msg`` per entry (never the
+        ``input``, which may hold secrets); the text is cut at 300 characters.
+        """
+        try:
+            detail = loads(self.body).get("detail")
+        except (WireValidationError, AttributeError):
+            return ""
+        if isinstance(detail, str):
+            text = detail
+        elif isinstance(detail, list):
+            parts = []
+            for entry in detail:
+                if isinstance(entry, dict):
+                    loc = ".".join(str(p) for p in entry.get("loc", ()))
+                    parts.append(f"{loc}: {entry.get('msg', '')}")
+            text = "; ".join(parts)
+        else:
+            return ""
+        if len(text) > _DETAIL_LIMIT:
+            text = text[:_DETAIL_LIMIT] + "..."
+        return f": {text}" if text else ""
 
 
 def _encoded_base(url: str) -> URL:

@@ -18,10 +18,11 @@ from rollout_client.eval import (
     RunControl,
     RunStateError,
     ServerUnavailableError,
+    classify_result,
     read_journal,
     run_eval,
 )
-from rollout_client.eval._runner import capacity_from_health, classify_result
+from rollout_client.eval._probe import capacity_from_health
 from rollout_types import RolloutResultResponse, RolloutSample
 
 

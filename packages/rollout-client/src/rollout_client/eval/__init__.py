@@ -6,6 +6,7 @@ coroutine for programs that drive it themselves.
 
 from __future__ import annotations
 
+from ._control import RunControl
 from ._dataset import Dataset, DatasetRow, load_dataset, parse_row_selection
 from ._errors import (
     DatasetError,
@@ -15,16 +16,12 @@ from ._errors import (
     ManifestMismatchError,
     RowIssue,
     RunStateError,
+    ServerUnavailableError,
 )
 from ._journal import Journal, JournalRecord, read_journal
-from ._runner import (
-    EvalOptions,
-    EvalReport,
-    RunControl,
-    ServerUnavailableError,
-    classify_result,
-    run_eval,
-)
+from ._options import EvalOptions
+from ._outcomes import classify_result
+from ._runner import EvalReport, run_eval
 from ._summary import format_summary, summarize
 
 __all__ = [

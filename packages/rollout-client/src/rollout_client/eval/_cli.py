@@ -35,15 +35,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from ._control import RunControl
 from ._errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EvalError, EvalInputError
+from ._options import DEFAULT_MAX_CONSECUTIVE_INFRA_FAILURES, DEFAULT_OUTPUT_DIR, EvalOptions
 from ._progress import PROGRESS_MODES
-from ._runner import (
-    DEFAULT_MAX_CONSECUTIVE_INFRA_FAILURES,
-    DEFAULT_OUTPUT_DIR,
-    EvalOptions,
-    RunControl,
-    run_eval,
-)
+from ._runner import run_eval
 from ._summary import format_summary
 
 __all__ = ["GC_YOUNG_THRESHOLD", "build_parser", "collector_tuned", "main"]

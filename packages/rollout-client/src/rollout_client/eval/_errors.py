@@ -17,6 +17,7 @@ __all__ = [
     "ManifestMismatchError",
     "RowIssue",
     "RunStateError",
+    "ServerUnavailableError",
 ]
 
 EXIT_OK = 0
@@ -78,3 +79,7 @@ class JournalError(EvalError):
 
 class RunStateError(EvalInputError):
     """The run directory is not in the state the command needs (e.g. ``--resume`` with no run)."""
+
+
+class ServerUnavailableError(EvalError):
+    """The rollout server cannot be used (unreachable, refuses the key, wrong protocol)."""

@@ -1,0 +1,208 @@
+"""Admission (``POST /rollout``, wire protocol section 6.2): the request, checked as the
+server would check it, the 429 loop under the admission deadline, and the answer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Final
+
+from rollout_types import (
+    PROTOCOL_VERSION,
+    RolloutInitRequest,
+    RolloutInitResponse,
+    WireValidationError,
+    loads,
+    structure_wire,
+)
+
+from ._checks import check_seconds
+from ._errors import (
+    RolloutAdmissionTimeoutError,
+    RolloutProtocolError,
+    RolloutProtocolVersionError,
+)
+from ._retry import parse_retry_after
+from ._settings import ClientSettings
+from ._transport import HttpResponse, Transport
+
+__all__ = ["admission_answer", "admit", "build_request"]
+
+_MAY_HAVE_SUCCEEDED: Final = (
+    "; admission may have succeeded; the server requests cancellation when an unobserved "
+    "rollout's polling lease expires"
+)
+_CALLBACK_PROTOCOL_SERVER: Final = "0.3 (osmosis-ai <= 0.3.2 callback protocol)"
+
+_ADMISSION_HINTS: Final = {
+    401: " (unauthorized: pass the server's api_key to RolloutClient(api_key=...))",
+    409: " (the rollout_id is already registered on the server: use a fresh id per attempt)",
+    503: " (the server is shutting down and admits no new rollouts)",
+}
+
+
+def build_request(
+    *,
+    initial_messages: list[dict[str, Any]],
+    chat_completions_url: str,
+    rollout_id: str,
+    llm_api_key: str | None,
+    label: str | None,
+    metadata: dict[str, Any] | None,
+    grade: bool,
+    agent_timeout_sec: float | None,
+    grader_timeout_sec: float | None,
+    extra_fields: dict[str, Any] | None,
+) -> RolloutInitRequest:
+    """Build the admission body and validate it as the server would (spec section 3.2).
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: A timeout is not finite, or the wire model rejects a value.
+    """
+    checks: tuple[tuple[str, object, type | tuple[type, ...], bool], ...] = (
+        ("rollout_id", rollout_id, str, False),
+        ("chat_completions_url", chat_completions_url, str, False),
+        ("initial_messages", initial_messages, list, False),
+        ("llm_api_key", llm_api_key, str, True),
+        ("label", label, str, True),
+        ("metadata", metadata, dict, True),
+        ("grade", grade, bool, False),
+        ("extra_fields", extra_fields, dict, True),
+    )
+    for name, value, expected, optional in checks:
+        if (value is None and optional) or isinstance(value, expected):
+            continue
+        wanted = expected.__name__ if isinstance(expected, type) else expected
+        raise TypeError(
+            f"{name} must be {'None or ' if optional else ''}a {wanted}; got {type(value).__name__}"
+        )
+    for name, seconds in (
+        ("agent_timeout_sec", agent_timeout_sec),
+        ("grader_timeout_sec", grader_timeout_sec),
+    ):
+        if seconds is not None:
+            check_seconds(name, seconds, positive=False)
+    return RolloutInitRequest(
+        initial_messages=initial_messages,
+        rollout_id=rollout_id,
+        chat_completions_url=chat_completions_url,
+        label=label,
+        metadata=metadata,
+        llm_api_key=llm_api_key,
+        grade=grade,
+        agent_timeout_sec=agent_timeout_sec,
+        grader_timeout_sec=grader_timeout_sec,
+        extra_fields=extra_fields,
+    )
+
+
+async def admit(
+    transport: Transport,
+    settings: ClientSettings,
+    *,
+    rollout_id: str,
+    body: bytes,
+    timeout_sec: float | None,
+) -> tuple[RolloutInitResponse, float]:
+    """POST the admission, retrying 429s, within the admission deadline.
+
+    Args:
+        transport: Where to send it.
+        settings: The 429 backoff (``settings.retry``), the sleep, the clock and the read
+            bound.
+        rollout_id: The rollout's id (also in ``body``).
+        body: The encoded :class:`RolloutInitRequest`.
+        timeout_sec: The admission deadline, seconds; None for none; <= 0 expires at once.
+
+    Returns:
+        The 202 answer and the send time (on ``settings.clock``) of the request it answered.
+
+    Raises:
+        RolloutAdmissionTimeoutError: ``timeout_sec`` expired.
+        RolloutProtocolVersionError: The server speaks an incompatible protocol version.
+        RolloutProtocolError: Any status but 202 and 429, or an invalid 202 body.
+        aiohttp.ClientError: The POST failed on a transport error (never retried).
+    """
+    if timeout_sec is not None and timeout_sec <= 0:
+        raise RolloutAdmissionTimeoutError(
+            f"admission for rollout {rollout_id} timed out after {timeout_sec} seconds",
+            rollout_id=rollout_id,
+            may_have_succeeded=False,
+        )
+    url = transport.url("rollout")
+    read_sec = settings.admission_read_timeout_sec
+    loop = asyncio.get_running_loop()
+    scope = asyncio.timeout_at(None if timeout_sec is None else loop.time() + timeout_sec)
+    in_flight = False
+    try:
+        async with scope:
+            while True:
+                sent_at = settings.clock()
+                in_flight = True
+                response = await transport.send(
+                    "POST",
+                    url,
+                    body=body,
+                    timeout=settings.timeout(read_sec=read_sec, pool_sec=read_sec),
+                )
+                in_flight = False
+                if response.status == 429:
+                    await settings.sleep(parse_retry_after(response.headers, settings.retry))
+                    continue
+                return admission_answer(rollout_id, response), sent_at
+    except TimeoutError as exc:
+        if not scope.expired():
+            raise
+        raise RolloutAdmissionTimeoutError(
+            f"admission for rollout {rollout_id} timed out after {timeout_sec} seconds"
+            + (_MAY_HAVE_SUCCEEDED if in_flight else ""),
+            rollout_id=rollout_id,
+            may_have_succeeded=in_flight,
+        ) from exc
+
+
+def admission_answer(rollout_id: str, response: HttpResponse) -> RolloutInitResponse:
+    """Accept a 202 with a valid body for ``rollout_id``; raise for anything else."""
+    status = response.status
+    if status == 202:
+        try:
+            admitted = structure_wire(loads(response.body), RolloutInitResponse)
+        except WireValidationError as exc:
+            raise RolloutProtocolError(
+                f"POST /rollout returned an invalid response: {exc}", status_code=202
+            ) from exc
+        if admitted.rollout_id != rollout_id:
+            raise RolloutProtocolError(
+                f"POST /rollout returned a different rollout_id ({admitted.rollout_id!r} "
+                f"instead of {rollout_id!r})",
+                status_code=202,
+            )
+        return admitted
+    if status == 422 and _is_callback_protocol_rejection(response.body):
+        raise RolloutProtocolVersionError(
+            "the rollout server speaks the pre-0.3.3 callback protocol (osmosis-ai <= 0.3.2, "
+            "it requires completion_callback_url) and is too old for this client, which "
+            f"speaks the pull protocol (rollout protocol {PROTOCOL_VERSION}); upgrade the "
+            "client and the server together",
+            status_code=422,
+            client_version=PROTOCOL_VERSION,
+            server_version=_CALLBACK_PROTOCOL_SERVER,
+        )
+    raise RolloutProtocolError(
+        f"POST /rollout returned {status}; only 202 and 429 are accepted"
+        + _ADMISSION_HINTS.get(status, "")
+        + response.detail_suffix(),
+        status_code=status,
+    )
+
+
+def _is_callback_protocol_rejection(body: bytes) -> bool:
+    """Whether a 422 is an osmosis-ai <= 0.3.2 server missing ``completion_callback_url``."""
+    try:
+        detail = loads(body).get("detail")
+    except (WireValidationError, AttributeError):
+        return False
+    return isinstance(detail, list) and any(
+        isinstance(entry, dict) and entry.get("loc") == ["body", "completion_callback_url"]
+        for entry in detail
+    )

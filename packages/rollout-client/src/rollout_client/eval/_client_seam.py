@@ -1,0 +1,98 @@
+"""The rollout client as the runner sees it: the calls it makes, and how it builds one.
+
+The runner needs only ``health``, ``run_rollout_async``, ``cancel_rollout`` and ``aclose``
+of :class:`~rollout_client.RolloutClient` and an awaitable handle; ``run_eval``'s
+``client_factory`` can put any object with these methods in its place (the unit tests use
+an in-memory fake).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from .._client import RolloutClient
+from ._dataset import DatasetRow
+from ._options import EvalOptions
+
+__all__ = [
+    "ClientFactory",
+    "RunClient",
+    "RunHandle",
+    "default_client_factory",
+    "start_rollout",
+]
+
+
+class RunHandle(Protocol):
+    """What the runner uses of :class:`~rollout_client.RolloutHandle`."""
+
+    rollout_id: str
+
+    def __await__(self) -> Any: ...
+
+    def cancel(self) -> bool: ...
+
+    def done(self) -> bool: ...
+
+
+class RunClient(Protocol):
+    """What the runner uses of :class:`~rollout_client.RolloutClient`."""
+
+    async def health(self) -> dict[str, Any]: ...
+
+    async def run_rollout_async(
+        self,
+        *,
+        initial_messages: list[dict[str, Any]],
+        chat_completions_url: str,
+        rollout_id: str,
+        llm_api_key: str | None = None,
+        label: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        grade: bool = True,
+        agent_timeout_sec: float | None = None,
+        grader_timeout_sec: float | None = None,
+        extra_fields: dict[str, Any] | None = None,
+    ) -> Any: ...
+
+    async def cancel_rollout(self, rollout_id: str) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+ClientFactory = Callable[..., RunClient]
+"""Builds a client: called with ``url``, ``api_key`` and ``admission_timeout_sec``."""
+
+
+def default_client_factory(**kwargs: Any) -> RunClient:
+    """A :class:`~rollout_client.RolloutClient` with its own session."""
+    client: RunClient = RolloutClient(**kwargs)
+    return client
+
+
+def start_rollout(
+    client: RunClient,
+    *,
+    options: EvalOptions,
+    row: DatasetRow,
+    rollout_id: str,
+    item: tuple[int, int],
+) -> Awaitable[Any]:
+    """Admit one work item (``row``'s prompt and label, graded), returning the admission.
+
+    Awaiting the result gives the :class:`RunHandle`. ``extra_fields`` carries the item's
+    ``row_index`` and ``run_index`` to the server.
+    """
+    return client.run_rollout_async(
+        initial_messages=row.initial_messages,
+        chat_completions_url=options.chat_url,
+        rollout_id=rollout_id,
+        llm_api_key=options.llm_api_key,
+        label=row.label,
+        metadata=row.metadata,
+        grade=True,
+        agent_timeout_sec=options.agent_timeout_sec,
+        grader_timeout_sec=options.grader_timeout_sec,
+        extra_fields={"row_index": item[0], "run_index": item[1]},
+    )

@@ -1,0 +1,201 @@
+"""The recording half of a run: every ending of a work item becomes a journal line, a sample
+line, a progress count and a step of the stop rule.
+
+The stop rule: after ``max_consecutive_infra_failures`` infrastructure failures in a row
+(default 5; 0 never stops) the recorder asks :class:`RunControl` to stop, and the scheduler
+then starts no new rollouts and cancels the in-flight ones, which stay pending. An error no
+rollout can survive (another protocol version, the key refused) stops the run at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from rollout_types import RolloutResultResponse
+
+from ._control import RunControl
+from ._journal import Journal, JournalRecord
+from ._outcomes import (
+    Classified,
+    classify_exception,
+    classify_result,
+    deadline_exceeded,
+    passes,
+    run_stopping_reason,
+)
+from ._progress import Progress
+
+__all__ = ["Recorder", "preload_progress"]
+
+Item = tuple[int, int]
+
+
+def preload_progress(
+    progress: Progress, done: Iterable[JournalRecord], *, pass_threshold: float
+) -> None:
+    """Count the items a resumed run finished before (their latest ``done`` records)."""
+    records = list(done)
+    progress.preload(
+        done=len(records),
+        passed=sum(1 for rec in records if passes(rec.outcome, rec.reward, pass_threshold)),
+        scored=sum(1 for rec in records if rec.outcome in ("success", "failed")),
+        failed=sum(1 for rec in records if rec.outcome == "failed"),
+    )
+
+
+class Recorder:
+    """Records the endings of one invocation's work items (see the module docstring).
+
+    Args:
+        journal: The open journal of the run.
+        progress: The counts and messages shown to the user.
+        control: Asked to stop by the stop rule.
+        samples_path: ``samples.jsonl`` of the run.
+        pass_threshold: Reward at or above which a success passes.
+        max_consecutive_infra_failures: The stop rule's limit (0: never stop).
+    """
+
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        progress: Progress,
+        control: RunControl,
+        samples_path: Path,
+        pass_threshold: float,
+        max_consecutive_infra_failures: int,
+    ) -> None:
+        self.journal = journal
+        self.progress = progress
+        self.control = control
+        self.samples_path = samples_path
+        self.pass_threshold = pass_threshold
+        self.max_consecutive_infra_failures = max_consecutive_infra_failures
+        self.consecutive_infra = 0
+
+    def record(
+        self,
+        item: Item,
+        rollout_id: str,
+        classified: Classified,
+        *,
+        status: str | None,
+        latency_sec: float | None,
+        result: RolloutResultResponse | None = None,
+    ) -> None:
+        """Append one outcome to the journal (and its sample), count it, apply the stop rule.
+
+        Raises:
+            JournalError, OSError: The journal cannot be written (the run must stop).
+        """
+        outcome, err_category, err_message = (
+            classified.outcome,
+            classified.err_category,
+            classified.err_message,
+        )
+        assert outcome is not None, "a cancelled rollout is never recorded"
+        row_index, run_index = item
+        record = JournalRecord(
+            row_index=row_index,
+            run_index=run_index,
+            rollout_id=rollout_id,
+            status=status,
+            reward=classified.reward,
+            err_category=err_category,
+            err_message=err_message,
+            outcome=outcome,
+            latency_sec=latency_sec,
+        )
+        self.journal.append(record)
+        if result is not None and result.sample is not None:
+            self._write_sample(record, result)
+        passed = passes(outcome, classified.reward, self.pass_threshold)
+        self.progress.record(outcome, passed=passed)
+        if outcome == "infra_failure":
+            self.consecutive_infra += 1
+            if self.control.stop.is_set():
+                return  # stopping already: the summary counts the rest
+            self.progress.message(
+                f"rollout-eval: row {row_index} run {run_index}: infrastructure failure "
+                f"({err_category}): {err_message}"
+            )
+            limit = self.max_consecutive_infra_failures
+            if limit and self.consecutive_infra >= limit:
+                self.control.request_stop(
+                    f"stopped after {self.consecutive_infra} consecutive infrastructure failures "
+                    f"(last: {err_category}: {err_message}); fix the cause and re-run the same "
+                    "command to resume the pending items"
+                )
+        else:
+            self.consecutive_infra = 0
+
+    def record_result(
+        self,
+        item: Item,
+        rollout_id: str,
+        result: RolloutResultResponse,
+        *,
+        latency_sec: float,
+        cancel_requested: bool,
+    ) -> None:
+        """Record a terminal result; a ``cancelled`` one is not recorded (the item stays
+        pending) and counts as an infrastructure failure unless this run asked for it."""
+        classified = classify_result(result)
+        if classified.outcome is None:
+            if not cancel_requested:
+                # Cancelled by someone else (an operator, a server shutting down).
+                self.consecutive_infra += 1
+                self.progress.message(
+                    f"rollout-eval: row {item[0]} run {item[1]} was cancelled by the server; "
+                    "it stays pending"
+                )
+            return
+        self.record(
+            item,
+            rollout_id,
+            classified,
+            status=str(result.status),
+            latency_sec=latency_sec,
+            result=result,
+        )
+
+    def record_exception(
+        self, item: Item, rollout_id: str, exc: Exception, *, latency_sec: float, phase: str
+    ) -> None:
+        """Record what admitting (``phase="admission"``) or awaiting (``"result"``) raised,
+        or stop the run when no rollout can succeed."""
+        reason = run_stopping_reason(exc, phase=phase)
+        if reason is not None:
+            self.control.request_stop(reason)
+            return
+        classified = classify_exception(exc, phase=phase)
+        self.record(item, rollout_id, classified, status=None, latency_sec=latency_sec)
+
+    def record_overrun(
+        self, item: Item, rollout_id: str, *, deadline_sec: float, latency_sec: float
+    ) -> None:
+        """Record a rollout that had no result ``deadline_sec`` after admission."""
+        classified = deadline_exceeded(deadline_sec)
+        self.record(item, rollout_id, classified, status=None, latency_sec=latency_sec)
+
+    def _write_sample(self, record: JournalRecord, result: RolloutResultResponse) -> None:
+        sample = result.sample
+        assert sample is not None
+        line = {
+            "row_index": record.row_index,
+            "run_index": record.run_index,
+            "rollout_id": record.rollout_id,
+            "outcome": record.outcome,
+            "reward": sample.reward,
+            "remove_sample": sample.remove_sample,
+            "messages": sample.messages,
+            "metrics": sample.metrics,
+        }
+        try:
+            text = json.dumps(line, ensure_ascii=False, allow_nan=False, default=str)
+        except ValueError:
+            return
+        with self.samples_path.open("a", encoding="utf-8") as file:
+            file.write(text + "\n")

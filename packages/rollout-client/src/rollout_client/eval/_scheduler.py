@@ -1,0 +1,270 @@
+"""The scheduling half of a run: at most ``concurrency`` work items in flight, each with a
+fresh ``uuid4().hex`` rollout id and a deadline, and stopping when :class:`RunControl` says so.
+
+A stop (the stop rule, Ctrl-C, a failing worker) starts no new rollouts and cancels the
+in-flight ones: admitted rollouts on the server (through a separate client, bounded),
+admissions still in progress locally. Cancelled items are not recorded and stay pending.
+How each ending is recorded is the :class:`~._recorder.Recorder`'s business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from rollout_types import RolloutResultResponse
+
+from ._client_seam import RunClient, RunHandle, start_rollout
+from ._control import RunControl
+from ._dataset import DatasetRow
+from ._options import EvalOptions
+from ._progress import Progress
+from ._recorder import Recorder
+
+__all__ = ["SETTLE_TIMEOUT_SEC", "Scheduler"]
+
+SETTLE_TIMEOUT_SEC: Final = 30.0
+"""How long a stop waits for cancelled in-flight rollouts to report ``cancelled``."""
+
+Item = tuple[int, int]
+
+
+@dataclasses.dataclass(eq=False)
+class _Flight:
+    """One work item in flight: its rollout id, then its admission, then its handle."""
+
+    item: Item
+    rollout_id: str
+    handle: RunHandle | None = None
+    admission: asyncio.Future[Any] | None = None
+    cancel_sent: bool = False
+
+
+class Scheduler:
+    """Runs work items through the client and hands every ending to the recorder.
+
+    Args:
+        options: The run's options (request fields, the item deadline).
+        rows: The dataset rows by index.
+        client: The client that admits and polls.
+        cancel_client_factory: Builds the client that sends cancellations (on first use).
+        control: Watched for a stop.
+        recorder: Records every ending.
+        progress: Where messages go.
+    """
+
+    def __init__(
+        self,
+        *,
+        options: EvalOptions,
+        rows: Mapping[int, DatasetRow],
+        client: RunClient,
+        cancel_client_factory: Callable[[], RunClient],
+        control: RunControl,
+        recorder: Recorder,
+        progress: Progress,
+    ) -> None:
+        self.options = options
+        self.rows = rows
+        self.client = client
+        self.cancel_client_factory = cancel_client_factory
+        self.control = control
+        self.recorder = recorder
+        self.progress = progress
+        self.flights: dict[str, _Flight] = {}
+        self.deadline_sec = options.deadline_sec()
+        self._cancel_client: RunClient | None = None
+        self._cancel_tasks: set[asyncio.Task[None]] = set()
+
+    # -- one item -------------------------------------------------------------------
+
+    async def run_item(self, item: Item) -> None:
+        """Admit one item, await its result within the deadline, and record the ending."""
+        flight = _Flight(item=item, rollout_id=uuid.uuid4().hex)
+        self.flights[flight.rollout_id] = flight
+        started = time.monotonic()
+        try:
+            admission = asyncio.ensure_future(
+                start_rollout(
+                    self.client,
+                    options=self.options,
+                    row=self.rows[item[0]],
+                    rollout_id=flight.rollout_id,
+                    item=item,
+                )
+            )
+            flight.admission = admission
+            try:
+                handle = await admission
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if admission.cancelled() and (task is None or task.cancelling() == 0):
+                    return  # abandoned by a stop (see cancel_in_flight): the item stays pending
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure is classified
+                self.recorder.record_exception(
+                    item,
+                    flight.rollout_id,
+                    exc,
+                    latency_sec=time.monotonic() - started,
+                    phase="admission",
+                )
+                return
+            flight.handle = handle
+            admitted = time.monotonic()
+            if self.control.stop.is_set():
+                self.send_cancel(flight)
+            deadline = asyncio.timeout(self.deadline_sec)
+            try:
+                async with deadline:
+                    result: RolloutResultResponse = await handle
+            except Exception as exc:  # noqa: BLE001 - every failure is classified
+                if deadline.expired():
+                    await self._overrun(flight, handle, admitted)
+                    return
+                self.recorder.record_exception(
+                    item,
+                    flight.rollout_id,
+                    exc,
+                    latency_sec=time.monotonic() - admitted,
+                    phase="result",
+                )
+                return
+            self.recorder.record_result(
+                item,
+                flight.rollout_id,
+                result,
+                latency_sec=time.monotonic() - admitted,
+                cancel_requested=flight.cancel_sent,
+            )
+        finally:
+            self.flights.pop(flight.rollout_id, None)
+
+    async def _overrun(self, flight: _Flight, handle: RunHandle, admitted: float) -> None:
+        self.send_cancel(flight)
+        with contextlib.suppress(Exception, asyncio.TimeoutError):
+            async with asyncio.timeout(SETTLE_TIMEOUT_SEC):
+                await handle
+        if not handle.done():
+            handle.cancel()
+        self.recorder.record_overrun(
+            flight.item,
+            flight.rollout_id,
+            deadline_sec=self.deadline_sec,
+            latency_sec=time.monotonic() - admitted,
+        )
+
+    # -- cancellation ---------------------------------------------------------------
+
+    def send_cancel(self, flight: _Flight) -> None:
+        """Ask the server to cancel one admitted rollout (in the background, bounded)."""
+        if flight.cancel_sent:
+            return
+        flight.cancel_sent = True
+        task = asyncio.get_running_loop().create_task(self._cancel(flight.rollout_id))
+        self._cancel_tasks.add(task)
+        task.add_done_callback(self._cancel_tasks.discard)
+
+    async def _cancel(self, rollout_id: str) -> None:
+        if self._cancel_client is None:
+            # A separate session: the polling session may be busy with long polls.
+            self._cancel_client = self.cancel_client_factory()
+        try:
+            await self._cancel_client.cancel_rollout(rollout_id)
+        except Exception as exc:  # noqa: BLE001 - best effort: the lease expires otherwise
+            self.progress.message(
+                f"rollout-eval: could not cancel rollout {rollout_id} on the server "
+                f"({type(exc).__name__}: {exc}); its polling lease will expire instead"
+            )
+
+    def cancel_in_flight(self) -> None:
+        """Cancel every in-flight rollout: admitted ones on the server, admissions locally.
+
+        An admission abandoned mid-request may still have been admitted; the server then
+        fails that rollout as ``lease_expired`` (and cancels its work) when nobody polls it.
+        """
+        for flight in list(self.flights.values()):
+            if flight.handle is not None:
+                self.send_cancel(flight)
+            elif flight.admission is not None:
+                flight.admission.cancel()
+
+    async def close(self) -> None:
+        """Finish pending cancel requests (bounded) and close the cancel client.
+
+        When this task is being cancelled (a second Ctrl-C), the requests are abandoned.
+        """
+        task = asyncio.current_task()
+        hurry = task is not None and task.cancelling() > 0
+        if self._cancel_tasks and not hurry:
+            await asyncio.wait(set(self._cancel_tasks), timeout=SETTLE_TIMEOUT_SEC)
+        for cancel_task in set(self._cancel_tasks):
+            cancel_task.cancel()
+        if self._cancel_client is not None:
+            await self._cancel_client.aclose()
+
+    # -- the pool -------------------------------------------------------------------
+
+    async def run_items(self, items: list[Item], concurrency: int) -> None:
+        """Run ``items`` with ``concurrency`` workers until done or stopped.
+
+        Raises:
+            Exception: What a worker raised (an unwritable journal, a bug), after the
+                others were stopped cleanly.
+        """
+        queue = deque(items)
+
+        async def worker() -> None:
+            while queue and not self.control.stop.is_set():
+                await self.run_item(queue.popleft())
+
+        workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(items)))]
+        stop_waiter = asyncio.create_task(self.control.stop.wait())
+        try:
+            pending: set[asyncio.Task[Any]] = set(workers)
+            while pending:
+                done, pending = await asyncio.wait(
+                    pending | {stop_waiter}, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(stop_waiter)
+                failed = [t for t in done if t is not stop_waiter and t.exception() is not None]
+                if failed:
+                    # A bug or an unwritable journal: stop the others cleanly, then raise.
+                    exc = failed[0].exception()
+                    self.control.request_stop(f"stopping after an error: {exc!r}")
+                if stop_waiter in done or failed:
+                    break
+            if self.control.stop.is_set():
+                await self._stop(workers)
+            outcomes = await asyncio.gather(*workers, return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, Exception):
+                    raise outcome
+        finally:
+            stop_waiter.cancel()
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(stop_waiter, *workers, return_exceptions=True)
+            for flight in list(self.flights.values()):
+                if flight.handle is not None and not flight.handle.done():
+                    flight.handle.cancel()
+
+    async def _stop(self, workers: list[asyncio.Task[None]]) -> None:
+        """Say why the run stops, cancel the in-flight rollouts and let the workers settle."""
+        if self.control.reason:
+            self.progress.message(f"rollout-eval: {self.control.reason}")
+        if self.flights:
+            self.progress.message(
+                f"rollout-eval: cancelling {len(self.flights)} in-flight rollouts on the "
+                "server; they stay pending (re-run the same command to resume)"
+            )
+        self.cancel_in_flight()
+        _, still = await asyncio.wait(workers, timeout=SETTLE_TIMEOUT_SEC)
+        for task in still:
+            task.cancel()
