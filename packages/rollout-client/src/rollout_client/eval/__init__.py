@@ -17,6 +17,7 @@ from ._errors import (
     RunStateError,
 )
 from ._journal import Journal, JournalRecord, read_journal
+from ._report import write_report
 from ._runner import (
     EvalOptions,
     EvalReport,
@@ -50,4 +51,5 @@ __all__ = [
     "read_journal",
     "run_eval",
     "summarize",
+    "write_report",
 ]
