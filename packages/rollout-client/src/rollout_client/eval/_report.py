@@ -417,7 +417,7 @@ def _run_details(data: RunData) -> str:
 def _reward_chart(data: RunData) -> str:
     series = [OUTCOME_SERIES["success"], OUTCOME_SERIES["failed"]]
     scored = [
-        (record.reward or 0.0 if record.outcome == "success" else 0.0, record.outcome)
+        ((record.reward or 0.0) if record.outcome == "success" else 0.0, record.outcome)
         for record in data.final_records
         if record.outcome in ("success", "failed")
     ]

@@ -12,8 +12,9 @@ The report's size is bounded whatever the run's size:
 * at most :data:`MAX_LISTED_ITEMS` items are listed, in row order; when a run has more,
   the failures are listed first, then the other items that did not pass, then passes;
 * each conversation is cut to :data:`CONVERSATION_BUDGET_CHARS` divided by the number of
-  listed items with a conversation, at most :data:`MAX_CONVERSATION_CHARS` (so all of
-  them together hold at most the budget): the first message and as many of the last
+  listed items that have a journal record, at most :data:`MAX_CONVERSATION_CHARS` (so
+  all of them together hold at most the budget; 2,000 characters each when the most
+  items are listed): the first message and as many of the last
   ones as fit are kept, the middle ones are counted, and a message longer than a quarter
   of the conversation's budget is cut with a note. ``samples.jsonl`` keeps them whole.
 """
@@ -38,7 +39,6 @@ __all__ = [
     "CONVERSATION_BUDGET_CHARS",
     "MAX_CONVERSATION_CHARS",
     "MAX_LISTED_ITEMS",
-    "MIN_CONVERSATION_CHARS",
     "Conversation",
     "Item",
     "Message",
@@ -55,10 +55,6 @@ CONVERSATION_BUDGET_CHARS: Final = 4_000_000
 
 MAX_CONVERSATION_CHARS: Final = 64_000
 """Most characters of one conversation the report shows."""
-
-MIN_CONVERSATION_CHARS: Final = CONVERSATION_BUDGET_CHARS // MAX_LISTED_ITEMS
-"""Fewest characters of one conversation the report shows (2,000, when the most items are
-listed)."""
 
 Key = tuple[int, int]
 
@@ -103,11 +99,6 @@ class Conversation:
         """Messages of the whole conversation, shown or not."""
         return len(self.head) + self.omitted + len(self.tail)
 
-    @property
-    def cut(self) -> bool:
-        """Whether anything of the conversation is left out."""
-        return self.omitted > 0 or any(m.cut for m in (*self.head, *self.tail))
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Item:
@@ -127,7 +118,6 @@ class RunData:
         manifest: Its manifest.
         summary: The summary, computed again from the journal.
         items: The listed items, in row order (at most :data:`MAX_LISTED_ITEMS`).
-        total_items: Every selected item.
         final_records: Each item's final record, in item order (all items, not only the
             listed ones).
         notes: Problems met while reading the files, for the reader of the report.
@@ -137,7 +127,6 @@ class RunData:
     manifest: Manifest
     summary: dict[str, Any]
     items: tuple[Item, ...]
-    total_items: int
     final_records: tuple[JournalRecord, ...]
     notes: tuple[str, ...]
 
@@ -215,7 +204,11 @@ def _message(raw: Any, limit: int) -> Message:
         str(raw[key]) for key in ("name", "tool_call_id") if isinstance(raw.get(key), str | int)
     )
     text = _text(raw.get("content"))
-    extra = {key: value for key, value in raw.items() if key not in _SHOWN_KEYS}
+    extra = {
+        key: value
+        for key, value in raw.items()
+        if key not in _SHOWN_KEYS and value not in (None, "", [], {})
+    }
     if extra:
         text += "".join(f"\n[{key}] {_text(value)}" for key, value in extra.items())
     role = raw.get("role")
@@ -395,7 +388,6 @@ def load_run(run_dir: Path) -> RunData:
             Item(key=key, record=latest.get(key), conversation=conversations.get(key))
             for key in listed
         ),
-        total_items=len(keys),
         final_records=final,
         notes=tuple(notes),
     )
