@@ -192,6 +192,61 @@ def integration(session: nox.Session) -> None:
         "--ignore=tests/interop",
         "--ignore=tests/compat",
         "--ignore=tests/typing",
+        "--ignore=tests/browser",
+    )
+
+
+REPORT_SCREENSHOTS = ROOT / ".nox" / "report-screenshots"
+CHROMIUM_PACKAGES = ("chromium", "fonts-dejavu-core")
+"""Debian packages of the browser checks: the browser, and a font to render text with."""
+
+
+def _ensure_chromium(session: nox.Session) -> None:
+    """Install Debian's chromium with apt-get when it is missing and this runs as root."""
+    if shutil.which("chromium"):
+        return
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("apt-get"):
+        session.error(
+            "the browser checks need Debian's chromium package, and this session installs it "
+            "only as root on Debian; run `apt-get install chromium` as root, or run the "
+            "session as root"
+        )
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-qq", external=True, env=env)
+    session.run(
+        "apt-get",
+        "install",
+        "-y",
+        "-qq",
+        "--no-install-recommends",
+        *CHROMIUM_PACKAGES,
+        external=True,
+        env=env,
+    )
+
+
+@nox.session(python="3.11")
+def report_browser(session: nox.Session) -> None:
+    """The HTML report in headless Chromium: no console errors, a screenshot that is not blank.
+
+    Installs Debian's ``chromium`` first when it is missing (as root, with apt-get), the
+    three distributions from wheels, then runs ``tests/browser``: reports of the demo and
+    of edge-case runs load from their files, log no error, draw their charts and escape
+    markup. Screenshots go to ``.nox/report-screenshots/``. Posargs go to pytest.
+    """
+    _ensure_chromium(session)
+    install_wheels(session, "rollout-types", "rollout-client", "rollout-server")
+    session.install(*TEST_DEPS, "pillow>=10")
+    shutil.rmtree(REPORT_SCREENSHOTS, ignore_errors=True)
+    session.run(
+        "pytest",
+        "tests/browser",
+        *session.posargs,
+        env={
+            "ROLLOUT_BROWSER_REQUIRE": "1",
+            "ROLLOUT_SCREENSHOT_DIR": str(REPORT_SCREENSHOTS),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        },
     )
 
 

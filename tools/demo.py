@@ -11,9 +11,9 @@ It starts, on free loopback ports:
    example LocalBackend (a multi-turn chat agent with a calculator tool, and a grader that
    compares its final answer with the label);
 
-then runs ``rollout-eval run examples/datasets/arithmetic.jsonl`` against them, which
-prints the summary, and finally stops both servers with SIGTERM (each by its PID),
-checking that each exits with status 0.
+then runs ``rollout-eval run examples/datasets/arithmetic.jsonl --report`` against them,
+which prints the summary and writes ``report.html``, and finally stops both servers with
+SIGTERM (each by its PID), checking that each exits with status 0.
 
 Results go to ``.rollout-eval/demo/`` (git-ignored; each demo starts it afresh), the
 server-side trajectories to ``.rollout-eval/demo-trajectories/``. Needs the three
@@ -312,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     str(args.n),
                     "--progress-interval-sec",
                     "2",
+                    "--report",
                 ]
                 print("demo: $ rollout-eval " + " ".join(command[len(_script("rollout-eval")) :]))
                 status = subprocess.run(command, cwd=ROOT, check=False).returncode
@@ -323,6 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 130
     print("demo: both servers stopped with SIGTERM and exited with status 0")
     print(f"demo: trajectories written by the server: {trajectories}")
+    if (report := args.output / "demo" / "report.html").exists():
+        print(f"demo: report (open it in a browser): {report}")
     print(f"demo: finished in {time.monotonic() - started:.1f} s")
     return status
 

@@ -120,6 +120,23 @@ class TestEvalAgainstExampleServer:
         tool_messages = [m for s in samples for m in s["messages"] if m["role"] == "tool"]
         assert len(tool_messages) == 8
 
+    def test_run_with_report_writes_the_report_of_the_run(
+        self, servers: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """run --report prints the summary and the report's path; the report has every item."""
+        chat_url, server_url = servers
+        dataset = small_dataset(tmp_path / "small.jsonl")
+        command = eval_command(dataset, server_url, chat_url, tmp_path / "out")
+        assert eval_main([*command[3:], "--report"]) == 0
+        report = tmp_path / "out" / "resumed" / "report.html"
+        assert capsys.readouterr().out.endswith(f"report: {report}\n")
+        document = report.read_text(encoding="utf-8")
+        for row in range(8):
+            for run in range(2):
+                assert f'id="item-{row}-{run}"' in document
+        assert "calculator" in document
+        assert "pass@2" in document
+
     def test_resume_after_interrupt_continues_and_matches_uninterrupted_run(
         self, servers: tuple[str, str], tmp_path: Path
     ) -> None:

@@ -151,4 +151,4 @@ class TestMain:
         assert main(["show", str(run_dir)]) == 0
         assert "run 'run', 1 items (1 pending)" in capsys.readouterr().out
         assert main(["show", str(tmp_path / "nothing")]) == 2
-        assert "does not exist" in capsys.readouterr().err
+        assert "holds the files of a run" in capsys.readouterr().err

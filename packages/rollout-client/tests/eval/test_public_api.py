@@ -34,4 +34,5 @@ class TestPublicApi:
             "read_journal",
             "run_eval",
             "summarize",
+            "write_report",
         }

@@ -21,6 +21,7 @@ from ._errors import (
 from ._journal import Journal, JournalRecord, read_journal
 from ._options import EvalOptions
 from ._outcomes import classify_result
+from ._report import write_report
 from ._runner import EvalReport, run_eval
 from ._summary import format_summary, summarize
 
@@ -47,4 +48,5 @@ __all__ = [
     "read_journal",
     "run_eval",
     "summarize",
+    "write_report",
 ]

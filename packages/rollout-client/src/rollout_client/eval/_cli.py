@@ -7,14 +7,19 @@ dataset (``--n`` times) through a rollout server and writes ``OUTPUT/NAME/``:
 * ``events.jsonl``: the append-only, fsynced journal of terminal outcomes (the resume
   authority);
 * ``samples.jsonl``: the final conversation and metrics of each recorded rollout;
-* ``summary.json``: counts by outcome, status and error category, reward mean and median,
-  pass rate, pass@k (``--n`` > 1) and latency percentiles; also printed as a table.
+* ``summary.json``: counts by outcome, status and error category (with the most common
+  error messages), reward mean and median, pass rate, pass@k (``--n`` > 1) and latency
+  percentiles; also printed as a table;
+* ``report.html`` with ``--report``: see ``rollout-eval report``.
 
 Re-running the same command resumes: only pending items run. ``--fresh`` archives the old
 run and starts over. Ctrl-C once stops starting rollouts, cancels the in-flight ones on
 the server (they stay pending) and writes the summary; Ctrl-C twice exits at once.
 
-``rollout-eval show RUN_DIR`` prints the summary table of a run again.
+``rollout-eval show RUN`` prints the summary table of a run again and lists its failures.
+``rollout-eval report RUN`` writes ``report.html`` into the run directory: one
+self-contained page (no network access needed) with the summary, charts, failures and
+every item's final conversation. ``RUN`` is a run directory or a run name in ``--output``.
 
 Exit status: 0 when every item is done; 1 when items stay pending (the run stopped early
 after infrastructure failures, or the server could not be used); 2 for bad input (options,
@@ -37,8 +42,11 @@ from typing import Any, Final, TextIO
 
 from ._control import RunControl
 from ._errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EvalError, EvalInputError
+from ._failures import format_failures
+from ._journal import latest_by_item, read_journal
 from ._options import DEFAULT_MAX_CONSECUTIVE_INFRA_FAILURES, DEFAULT_OUTPUT_DIR, EvalOptions
 from ._progress import PROGRESS_MODES
+from ._report import find_run_dir, write_report
 from ._runner import run_eval
 from ._summary import format_summary
 
@@ -176,8 +184,38 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds between plain progress lines (default 10)",
     )
-    show = commands.add_parser("show", help="print the summary of a run again")
-    show.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="OUTPUT/NAME of a run")
+    run.add_argument(
+        "--report",
+        action="store_true",
+        help="also write report.html (see rollout-eval report) and print its path",
+    )
+    show = commands.add_parser(
+        "show",
+        help="print the summary of a run again, and its failures",
+        description="Print the summary table of a run (from summary.json) and list its failed "
+        "items: row, run, outcome, error category and message (from events.jsonl).",
+    )
+    report = commands.add_parser(
+        "report",
+        help="write the HTML report of a run",
+        description="Write RUN_DIR/report.html: one self-contained page (viewing it needs no "
+        "network access) with the summary, pass@k, the reward and latency distributions, the "
+        "failures by category with their messages, and every item linked to its final "
+        "conversation. Prints the report's path.",
+    )
+    for command in (show, report):
+        command.add_argument(
+            "run",
+            metavar="RUN",
+            help="a run directory (OUTPUT/NAME), or a run name in --output",
+        )
+        command.add_argument(
+            "--output",
+            type=Path,
+            default=DEFAULT_OUTPUT_DIR,
+            metavar="DIR",
+            help=f"directory of runs, to find RUN by name (default {DEFAULT_OUTPUT_DIR})",
+        )
     return parser
 
 
@@ -266,7 +304,8 @@ async def _run_command(options: EvalOptions, err: TextIO, out: TextIO) -> int:
     return report.exit_code
 
 
-def _show(run_dir: Path, out: TextIO) -> int:
+def _show(run: str, output: Path, out: TextIO) -> int:
+    run_dir = find_run_dir(run, output)
     path = run_dir / "summary.json"
     try:
         summary: Any = json.loads(path.read_text(encoding="utf-8"))
@@ -277,6 +316,8 @@ def _show(run_dir: Path, out: TextIO) -> int:
     except (OSError, ValueError) as exc:
         raise EvalInputError(f"{path} cannot be read: {exc}") from None
     out.write(format_summary(summary) + "\n")
+    records = latest_by_item(read_journal(run_dir / "events.jsonl"))
+    out.write(format_failures([records[key] for key in sorted(records)]) + "\n")
     return 0
 
 
@@ -311,10 +352,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     err, out = sys.stderr, sys.stdout
     try:
         if args.command == "show":
-            return _show(args.run_dir, out)
+            return _show(args.run, args.output, out)
+        if args.command == "report":
+            out.write(f"{write_report(find_run_dir(args.run, args.output))}\n")
+            return 0
         options = options_from_args(args)
         with collector_tuned():
-            return asyncio.run(_run_command(options, err, out))
+            status = asyncio.run(_run_command(options, err, out))
+        if args.report:
+            out.write(f"report: {write_report(options.output / options.run_name)}\n")
+        return status
     except EvalError as exc:
         err.write(f"rollout-eval: error: {exc}\n")
         return exc.exit_code

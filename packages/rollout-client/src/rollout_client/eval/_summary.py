@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from ._failures import common_err_messages, format_common_messages
 from ._journal import JournalRecord, latest_by_item, utc_now
 
 __all__ = [
@@ -162,6 +163,7 @@ def summarize(
         "by_outcome": dict(states),
         "by_status": dict(sorted(by_status.items())),
         "by_err_category": dict(sorted(by_category.items())),
+        "err_messages": common_err_messages(latest[item] for item in items if item in latest),
         "reward": {
             "count": len(scored),
             "mean": _rounded(statistics.fmean(scored)) if scored else None,
@@ -241,7 +243,7 @@ def format_summary(summary: Mapping[str, Any], *, files: Sequence[str] = ()) -> 
     rows.append(("err_category", ""))
     categories = summary["by_err_category"]
     if categories:
-        rows.extend((f"  {name}", str(count)) for name, count in categories.items())
+        rows.extend(format_common_messages(categories, summary.get("err_messages") or {}))
     else:
         rows.append(("  (none)", ""))
     reward = summary["reward"]
