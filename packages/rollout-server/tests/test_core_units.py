@@ -16,8 +16,8 @@ from rollout_server import ROLLOUT_SERVER_KEY, ExecutionBackend, create_rollout_
 from rollout_server._cancellation import Cancellation
 from rollout_server._deadlines import DeadlineQueue
 from rollout_server._middleware import make_protocol_middleware
-from rollout_server._record import RolloutRecord
-from rollout_server._registry import TOKEN_BYTES, ResultFields, RolloutRegistry
+from rollout_server._record import ResultFields, RolloutRecord
+from rollout_server._registry import TOKEN_BYTES, RolloutRegistry
 from rollout_server._routes import Routes
 from rollout_server._shutdown import ShutdownTarget, ShutdownTimeouts, run_staged_shutdown
 from rollout_server._waiting import LongPollWaits
@@ -129,7 +129,9 @@ class _Target:
 
     async def cancel_everything(self) -> Mapping[str, CancelDisposition]:
         self.calls.append("cancel_everything")
-        for record in self.registry.iter_records():
+        for rollout_id in self.registry.ids():
+            record = self.registry.get(rollout_id)
+            assert record is not None
             self.registry.cancel_task(record)
         return {}
 

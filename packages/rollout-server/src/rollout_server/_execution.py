@@ -24,8 +24,8 @@ from rollout_types import RolloutErrorCategory, RolloutSample, RolloutStatus, is
 from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
 from ._categorize import categorize_exception
 from ._context import RolloutContext, context_binding
-from ._record import RolloutRecord
-from ._registry import ResultFields, RolloutRegistry
+from ._record import ResultFields, RolloutRecord
+from ._registry import RolloutRegistry
 from ._sanitize import json_safe_sample, scrub_text
 
 __all__ = ["StatusSink", "execution_result", "start_execution", "wire_result"]

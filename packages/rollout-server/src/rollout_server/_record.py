@@ -1,4 +1,5 @@
-"""``RolloutRecord``: the server-side state of one admitted rollout.
+"""``RolloutRecord``: the server-side state of one admitted rollout; ``ResultFields``: the
+fields of a result to publish.
 
 A record is data with ``__slots__`` (one per rollout in flight or retained, so every
 attribute counts). Others read it; only the registry writes it
@@ -11,13 +12,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-from typing import Any
+from typing import Any, NamedTuple
 
-from rollout_types import CancelDisposition, RolloutStatus
+from rollout_types import CancelDisposition, RolloutErrorCategory, RolloutSample, RolloutStatus
 
 from ._deadlines import Entry
 
-__all__ = ["RolloutRecord", "token_digest"]
+__all__ = ["ResultFields", "RolloutRecord", "token_digest"]
+
+
+class ResultFields(NamedTuple):
+    """The fields of a result to publish, as the execution's outcome gives them."""
+
+    status: RolloutStatus
+    sample: RolloutSample | None = None
+    err_message: str | None = None
+    err_category: RolloutErrorCategory | None = None
 
 
 def token_digest(token: str) -> bytes:

@@ -27,17 +27,17 @@ import contextvars
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, Final, NamedTuple
+from collections.abc import Callable
+from typing import Any, Final
 
 from rollout_types import CancelDisposition, RolloutErrorCategory, RolloutSample, RolloutStatus
 
 from ._bodies import result_body
-from ._deadlines import DeadlineQueue
-from ._record import RolloutRecord, token_digest
+from ._deadlines import FIRE_SLACK_SEC, DeadlineQueue
+from ._record import ResultFields, RolloutRecord, token_digest
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC, LongPollWaits
 
-__all__ = ["ResultFields", "RolloutRegistry"]
+__all__ = ["RolloutRegistry"]
 
 logger: Final = logging.getLogger("rollout_server.registry")
 
@@ -48,19 +48,6 @@ CANCELLED_MESSAGE: Final = "cancelled"
 
 TOKEN_BYTES: Final = 32
 """Random bytes in a lease token (``secrets.token_urlsafe(32)``: 43 characters of base64url)."""
-
-_TIMER_SLACK_SEC: Final = 0.001
-"""A lease timer that fires this close to its deadline counts as on time (loop timers may
-fire up to one clock tick early)."""
-
-
-class ResultFields(NamedTuple):
-    """The fields of a result to publish, as the execution's outcome gives them."""
-
-    status: RolloutStatus
-    sample: RolloutSample | None = None
-    err_message: str | None = None
-    err_category: RolloutErrorCategory | None = None
 
 
 def _no_outcome(_rollout_id: str, _task: asyncio.Task[Any]) -> ResultFields | None:
@@ -167,11 +154,6 @@ class RolloutRegistry:
     def undelivered(self) -> int:
         """How many results published since :meth:`start_collecting` no poll has returned."""
         return self._undelivered
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` has run."""
-        return self._closed
 
     # -- admission ------------------------------------------------------------------------
 
@@ -329,7 +311,7 @@ class RolloutRegistry:
         if record.body is not None:
             return
         loop = self.loop
-        if record.lease_deadline - loop.time() > _TIMER_SLACK_SEC:
+        if record.lease_deadline - loop.time() > FIRE_SLACK_SEC:
             record._lease_timer = self._deadlines.add(
                 loop, record.lease_deadline, self._lease_callback, record
             )
@@ -373,20 +355,15 @@ class RolloutRegistry:
             task.cancel()
         return len(tasks)
 
-    def unpublished(self) -> list[RolloutRecord]:
-        """The records whose result is not fixed yet."""
-        return [record for record in self._records.values() if record.body is None]
-
     def publish_unfinished(self, err_message: str) -> int:
         """Publish ``cancelled`` with ``err_message`` for every record without a result.
 
         Returns:
             How many records were published.
         """
-        count = 0
-        for record in self.unpublished():
-            count += self.publish(record, status=RolloutStatus.CANCELLED, err_message=err_message)
-        return count
+        unpublished = [record for record in self._records.values() if record.body is None]
+        cancelled = RolloutStatus.CANCELLED
+        return sum(self.publish(r, status=cancelled, err_message=err_message) for r in unpublished)
 
     # -- task completion and retention ----------------------------------------------------
 
@@ -503,10 +480,6 @@ class RolloutRegistry:
         fut: asyncio.Future[None] = self.loop.create_future()
         self._removal_waiters.setdefault(rollout_id, []).append(fut)
         await fut
-
-    def iter_records(self) -> Iterator[RolloutRecord]:
-        """Every record held, in admission order."""
-        return iter(list(self._records.values()))
 
     def close(self) -> None:
         """Stop every lease and retention timer and answer every waiting long poll.
