@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
@@ -330,6 +331,21 @@ class TestTaskEnd:
         assert asked == []
         assert _published(record)["err_category"] == "internal_error"
         held.registry.close()
+
+    async def test_an_exception_from_execute_is_logged_once(
+        self, harness: Any, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """An exception raised by execute() is one ERROR with its traceback ("Rollout r1
+        failed"), not a second one calling the task crashed."""
+        token = await harness.admit("r1")
+        run = await harness.backend.started("r1")
+        with caplog.at_level(logging.INFO, logger="rollout_server"):
+            run.raise_(ValueError("bad input"))
+            await harness.poll_until("r1", token, "failure")
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert [r.getMessage() for r in errors] == ["Rollout r1 failed"]
+        assert errors[0].exc_info is not None
+        assert "Rollout r1 finished with status failure" in caplog.messages
 
     @pytest.mark.parametrize("started", [False, True])
     async def test_a_cancelled_task_is_cancelled_with_a_message_once_started(
