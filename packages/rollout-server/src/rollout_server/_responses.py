@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from ._bodies import detail_body, encode_json
+from ._bodies import detail_body
 
 __all__ = ["detail_response", "json_response"]
 
@@ -32,11 +32,9 @@ class _JsonResponse(web.Response):
 
 
 def json_response(
-    status: int, body: bytes | str, headers: Mapping[str, str] | None = None
+    status: int, body: bytes, headers: Mapping[str, str] | None = None
 ) -> web.Response:
     """A ``application/json`` response with an already encoded body."""
-    if isinstance(body, str):
-        body = encode_json(body)
     return _JsonResponse(status=status, body=body, content_type=_JSON, headers=headers)
 
 
