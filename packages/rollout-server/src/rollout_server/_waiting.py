@@ -18,7 +18,9 @@ and no coroutine frame of this module per waiting poll). A wait ends:
 The registry owns one instance and calls :meth:`~LongPollWaits.wake` and
 :meth:`~LongPollWaits.status_changed`; the result route calls :meth:`~LongPollWaits.begin`
 and :meth:`~LongPollWaits.end` around its ``await``. What a poll answers once its wait is
-over is the route's business, not this class's.
+over is the route's business, not this class's. This class is the one place that decides
+when a waiting poll ends: change that here (say, to answer at once a status the caller has
+not seen yet) and count waits here.
 """
 
 from __future__ import annotations
