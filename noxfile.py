@@ -124,11 +124,39 @@ def run_pytest(session: nox.Session, *paths: str) -> None:
     session.run("pytest", *paths, *session.posargs, env={"PYTHONDONTWRITEBYTECODE": "1"})
 
 
-@nox.session(python=False)
+# Both linters are pinned: ruff's formatter and rules change between releases, and lint must
+# not start failing on a fresh machine because a new release came out.
+LINT_DEPS = ["ruff==0.17.6", "import-linter==2.16"]
+SOURCE_DIRS = [str(PACKAGES[name] / "src") for name in PACKAGES]
+"""The ``src`` folders of the three distributions (what import-linter reads)."""
+
+
+@nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check over the whole tree."""
-    session.run(sys.executable, "-m", "ruff", "check", *LINT_PATHS, external=True)
-    session.run(sys.executable, "-m", "ruff", "format", "--check", *LINT_PATHS, external=True)
+    """ruff check and ruff format --check over the whole tree, then ``lint-imports``: the
+    layers written as contracts in pyproject.toml's ``[tool.importlinter]``."""
+    session.install(*LINT_DEPS)
+    session.run("ruff", "check", *LINT_PATHS)
+    session.run("ruff", "format", "--check", *LINT_PATHS)
+    # import-linter reads the packages' sources without importing them; it only has to find
+    # them, so their src folders go on the path (no install, no third-party dependencies).
+    env = {"PYTHONPATH": os.pathsep.join(SOURCE_DIRS)}
+    session.run("lint-imports", "--no-cache", "--no-logo", env=env)
+    # The canary: a contract every checkout breaks (the server imports rollout-types) must be
+    # reported broken, so a graph that lost its imports cannot pass the contracts above.
+    canary = Path(session.create_tmp()) / "canary.toml"
+    canary.write_text(
+        '[tool.importlinter]\nroot_packages = ["rollout_types", "rollout_server"]\n\n'
+        '[[tool.importlinter.contracts]]\nname = "canary"\ntype = "forbidden"\n'
+        'source_modules = ["rollout_server"]\nforbidden_modules = ["rollout_types"]\n',
+        "utf-8",
+    )
+    config = ("--config", str(canary))
+    report = session.run(
+        "lint-imports", "--no-cache", "--no-logo", *config, env=env, success_codes=[1], silent=True
+    )
+    if "0 kept, 1 broken" not in str(report):
+        session.error(f"lint-imports did not report the canary contract broken:\n{report}")
 
 
 @nox.session(python="3.11")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import io
 import json
 import logging
@@ -19,7 +18,6 @@ from rollout_server import _deadlines, _offload
 from rollout_server._deadlines import DeadlineQueue, pending_argument
 from rollout_server._logsink import TurnBufferedStreamHandler
 from rollout_server._offload import BatchOffloader
-from rollout_server._registry import TOKEN_BYTES, _TokenSource
 from rollout_server._trajectory import (
     encode_document,
     make_directory,
@@ -273,35 +271,6 @@ class TestDeadlineQueue:
             await done
         assert len(queue) == 0
         queue.clear()
-
-
-class TestLeaseTokens:
-    def test_tokens_are_43_char_base64url_and_distinct(self) -> None:
-        """Tokens look like ``secrets.token_urlsafe(32)`` and never repeat across blocks."""
-        source = _TokenSource()
-        tokens = [source() for _ in range(1000)]
-        assert len(set(tokens)) == len(tokens)
-        for token in tokens:
-            assert len(token) == 43
-            assert len(base64.urlsafe_b64decode(token + "=")) == TOKEN_BYTES
-
-    def test_reset_discards_the_block(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """After a reset (as in a forked child) the next token comes from a new draw."""
-        draws: list[int] = []
-        real = os.urandom
-
-        def counting(n: int) -> bytes:
-            draws.append(n)
-            return real(n)
-
-        monkeypatch.setattr(os, "urandom", counting)
-        source = _TokenSource()
-        source()
-        source()
-        assert len(draws) == 1
-        source.reset()
-        source()
-        assert len(draws) == 2
 
 
 class TestFileWrites:

@@ -16,10 +16,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from rollout_server._aiohttp_private import pause_keepalive_timer
 from rollout_server._middleware import make_protocol_middleware, self_guarded
-from rollout_server._registry import RolloutRecord, RolloutRegistry
+from rollout_server._record import RolloutRecord
+from rollout_server._registry import RolloutRegistry
 from rollout_server._responses import json_response
-from rollout_server._routes import pause_keepalive_timer
 from rollout_types import PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER, RolloutStatus
 
 EVENT_SEC = 10.0
@@ -199,16 +200,16 @@ class TestFrameFreeWait:
         return registry, record, gate
 
     async def test_nothing_to_wait_for_gives_none(self) -> None:
-        """begin_wait() returns None when the status differs already, the result is
+        """waits.begin() returns None when the status differs already, the result is
         published, or the registry is closed."""
         registry, record, gate = self._registry_with("r1")
-        assert registry.begin_wait(record, RolloutStatus.RUNNING, 5.0) is None
+        assert registry.waits.begin(record, RolloutStatus.RUNNING, 5.0) is None
         registry.close()
-        assert registry.begin_wait(record, record.status, 5.0) is None
+        assert registry.waits.begin(record, record.status, 5.0) is None
         gate.set_result(None)
         registry2, record2, gate2 = self._registry_with("r2")
         registry2.publish(record2, status=RolloutStatus.SUCCESS)
-        assert registry2.begin_wait(record2, record2.status, 5.0) is None
+        assert registry2.waits.begin(record2, record2.status, 5.0) is None
         gate2.set_result(None)
         registry2.close()
 
@@ -217,14 +218,14 @@ class TestFrameFreeWait:
     ) -> tuple[RolloutRegistry, RolloutRecord, Any, asyncio.Future[None]]:
         """A registry with that grace, one rollout, a 30 s wait on it, then queued → running."""
         registry, record, gate = self._registry_with("r1", grace_sec=grace_sec)
-        wait = registry.begin_wait(record, record.status, 3 * EVENT_SEC)
+        wait = registry.waits.begin(record, record.status, 3 * EVENT_SEC)
         assert wait is not None
         registry.set_status(record, RolloutStatus.RUNNING)
         return registry, record, gate, wait
 
     @staticmethod
     def _finish(registry: RolloutRegistry, record: RolloutRecord, gate: Any, wait: Any) -> None:
-        registry.end_wait(record, wait)
+        registry.waits.end(record, wait)
         assert record.waiting == 0
         gate.set_result(None)
         registry.close()
@@ -264,23 +265,23 @@ class TestFrameFreeWait:
                 )
 
     async def test_a_status_change_ends_the_wait_and_end_wait_unlists_it(self) -> None:
-        """The future of begin_wait() is done on a status change; a timed-out wait is
-        removed from the record by end_wait()."""
+        """The future of waits.begin() is done on a status change; a timed-out wait is
+        removed from the record by waits.end()."""
         registry, record, gate = self._registry_with("r1")
-        wait = registry.begin_wait(record, record.status, EVENT_SEC)
+        wait = registry.waits.begin(record, record.status, EVENT_SEC)
         assert wait is not None
         assert record.waiting == 1
         registry.set_status(record, RolloutStatus.RUNNING)
         async with asyncio.timeout(EVENT_SEC):
             await wait
-        registry.end_wait(record, wait)
+        registry.waits.end(record, wait)
         assert record.waiting == 0
-        short = registry.begin_wait(record, record.status, 0.01)
+        short = registry.waits.begin(record, record.status, 0.01)
         assert short is not None
         async with asyncio.timeout(EVENT_SEC):
             await short  # done by its deadline
         assert record.waiting == 1
-        registry.end_wait(record, short)
+        registry.waits.end(record, short)
         assert record.waiting == 0
         gate.set_result(None)
         registry.close()
@@ -289,19 +290,19 @@ class TestFrameFreeWait:
         """Two polls of one rollout wait together: ending one leaves the other waiting, a
         status change wakes the other, and no wait deadline is left behind."""
         registry, record, gate = self._registry_with("r1")
-        first = registry.begin_wait(record, record.status, EVENT_SEC)
-        second = registry.begin_wait(record, record.status, EVENT_SEC)
+        first = registry.waits.begin(record, record.status, EVENT_SEC)
+        second = registry.waits.begin(record, record.status, EVENT_SEC)
         assert first is not None
         assert second is not None
         assert record.waiting == 2
-        registry.end_wait(record, first)  # that poll went away (its client disconnected)
+        registry.waits.end(record, first)  # that poll went away (its client disconnected)
         assert first.cancelled()
         assert record.waiting == 1
         assert not second.done()
         registry.set_status(record, RolloutStatus.RUNNING)
         async with asyncio.timeout(EVENT_SEC):
             await second
-        registry.end_wait(record, second)
+        registry.waits.end(record, second)
         assert record.waiting == 0
         assert len(registry._deadlines) == 1  # only the lease deadline is left
         gate.set_result(None)
@@ -327,11 +328,11 @@ class TestExecutionTask:
         """When the outcome hook raises, the error is logged and the rollout is published as
         failure / internal_error."""
 
-        def hook(_record: RolloutRecord, _task: asyncio.Task[Any]) -> None:
+        def hook(_rollout_id: str, _task: asyncio.Task[Any]) -> None:
             raise RuntimeError("hook broke")
 
         registry = RolloutRegistry(
-            polling_lease_timeout_sec=60.0, result_retention_sec=60.0, on_task_done=hook
+            polling_lease_timeout_sec=60.0, result_retention_sec=60.0, outcome_of=hook
         )
 
         async def body() -> None:

@@ -58,13 +58,13 @@ class _Rollout:
         self.record, _token = self.registry.register("r1", lambda _record: loop.create_task(body()))
 
     def wait(self, timeout_sec: float) -> asyncio.Future[None]:
-        wait = self.registry.begin_wait(self.record, self.record.status, timeout_sec)
+        wait = self.registry.waits.begin(self.record, self.record.status, timeout_sec)
         assert wait is not None
         return wait
 
     def finish(self, *waits: asyncio.Future[None]) -> None:
         for wait in waits:
-            self.registry.end_wait(self.record, wait)
+            self.registry.waits.end(self.record, wait)
         assert self.record.waiting == 0
         self.gate.set_result(None)
         self.registry.close()
@@ -134,8 +134,8 @@ class TestSaturatedLoop:
         rollout.registry.publish(rollout.record, status=RolloutStatus.SUCCESS)
         assert first.done()
         assert second.done()
-        rollout.registry.end_wait(rollout.record, first)
-        rollout.registry.end_wait(rollout.record, second)
+        rollout.registry.waits.end(rollout.record, first)
+        rollout.registry.waits.end(rollout.record, second)
         assert len(rollout.registry._deadlines) == 1  # only the retention deadline is left
         rollout.finish()
 
@@ -147,7 +147,7 @@ class TestSaturatedLoop:
         second = rollout.wait(3 * EVENT_SEC)
         rollout.registry.set_status(rollout.record, RolloutStatus.GRADING)
         await _graces(5)
-        rollout.registry.end_wait(rollout.record, first)
+        rollout.registry.waits.end(rollout.record, first)
         assert first.cancelled()
         assert rollout.record.waiting == 1
         assert not second.done()

@@ -15,7 +15,6 @@ from rollout_types import (
     RolloutInitResponse,
     RolloutResultResponse,
     WireValidationError,
-    header_error,
     loads,
     structure_wire,
 )
@@ -263,28 +262,6 @@ class TestCancelSelectors:
         """ids that is not a list is a list_type error."""
         (error,) = errors_of({"ids": "x"}, CancelRolloutsRequest)
         assert (error["loc"], error["type"]) == (["body", "ids"], "list_type")
-
-
-class TestHeaders:
-    def test_missing_header(self) -> None:
-        """A missing lease header is missing at loc header/name with null input."""
-        assert header_error("X-Osmosis-Rollout-Lease", None).body == {
-            "detail": [
-                {
-                    "type": "missing",
-                    "loc": ["header", "X-Osmosis-Rollout-Lease"],
-                    "msg": "Field required",
-                    "input": None,
-                }
-            ]
-        }
-
-    def test_empty_header(self) -> None:
-        """An empty lease header is string_too_short with min_length 1."""
-        (error,) = header_error("X-Osmosis-Rollout-Lease", "").errors
-        assert error["type"] == "string_too_short"
-        assert error["ctx"] == {"min_length": 1}
-        assert error["loc"] == ["header", "X-Osmosis-Rollout-Lease"]
 
 
 class TestForwardCompatibility:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._app import ROLLOUT_SERVER_KEY, RolloutServer, create_rollout_server
+from ._app import ROLLOUT_SERVER_KEY, create_rollout_server
 from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
 from ._categorize import categorize_exception
 from ._context import (
@@ -17,6 +17,7 @@ from ._context import (
 from ._errors import RolloutServerError, ServerConfigError, ServeTargetError
 from ._grader import Grader, GraderConfig, GraderContext
 from ._local_backend import LocalBackend
+from ._server import RolloutServer
 from ._shutdown import ShutdownTimeouts
 from ._workflow import (
     AgentWorkflow,

@@ -39,17 +39,13 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from ._app import (
-    DEFAULT_KEEPALIVE_TIMEOUT_SEC,
-    DEFAULT_MAX_BODY_BYTES,
-    ROLLOUT_SERVER_KEY,
-    create_rollout_server,
-)
+from ._app import ROLLOUT_SERVER_KEY, create_rollout_server
 from ._backend import ExecutionBackend
 from ._errors import ServerConfigError, ServeTargetError
 from ._logsink import TurnBufferedStreamHandler
-from ._registry import DEFAULT_STATUS_CHANGE_GRACE_SEC
+from ._server import DEFAULT_KEEPALIVE_TIMEOUT_SEC, DEFAULT_MAX_BODY_BYTES
 from ._shutdown import ShutdownTimeouts
+from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 
 __all__ = ["GC_YOUNG_THRESHOLD", "build_app", "load_target", "main", "serve", "tune_collector"]
 

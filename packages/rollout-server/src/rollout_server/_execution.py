@@ -2,10 +2,10 @@
 
 This is spec section 4.7: the task runs ``backend.execute()`` with the ambient
 :class:`~rollout_server._context.RolloutContext` bound; ``running`` is reported as it starts
-(unless the backend reports its own queue status); once it is done the result to report
-is selected, run through the wire-sample pipeline and published. Cancellation publishes
-``cancelled``; a ``BaseException`` is a task crash, which the registry publishes as
-``internal_error``.
+(unless the backend reports its own queue status); once it is done the registry publishes
+what :func:`execution_result` makes of it: the result to report, selected and run through
+the wire-sample pipeline, or a categorised failure. Cancellation and a ``BaseException``
+(a task crash) the registry publishes itself.
 """
 
 from __future__ import annotations
@@ -19,25 +19,19 @@ from typing import Any, Final
 
 import attrs
 
-from rollout_types import (
-    RolloutErrorCategory,
-    RolloutSample,
-    RolloutStatus,
-    is_terminal,
-    json_safe_sample,
-    scrub_text,
-)
+from rollout_types import RolloutErrorCategory, RolloutSample, RolloutStatus, is_terminal
 
 from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
 from ._categorize import categorize_exception
 from ._context import RolloutContext, context_binding
-from ._registry import RolloutRecord, RolloutRegistry
+from ._record import ResultFields, RolloutRecord
+from ._registry import RolloutRegistry
+from ._sanitize import json_safe_sample, scrub_text
 
-__all__ = ["finish_execution", "start_execution", "wire_result"]
+__all__ = ["StatusSink", "execution_result", "start_execution", "wire_result"]
 
 logger: Final = logging.getLogger("rollout_server.execution")
 
-CANCELLED_MESSAGE: Final = "cancelled"
 FALLBACK_MESSAGE: Final = "Internal server error"
 
 
@@ -81,7 +75,7 @@ def _wire_sample(sample: Sample, status: RolloutStatus, rollout_id: str) -> Roll
     return wire
 
 
-def wire_result(rollout_id: str, result: ExecutionResult) -> dict[str, Any]:
+def wire_result(rollout_id: str, result: ExecutionResult) -> ResultFields:
     """Turn the reported result into the fields to publish (spec section 4.7 steps 6-7).
 
     The sample loses ``trajectory_messages``, is made JSON-safe and has its reward nulled
@@ -94,15 +88,14 @@ def wire_result(rollout_id: str, result: ExecutionResult) -> dict[str, Any]:
     except ValueError:
         status = RolloutStatus.UNKNOWN
     if not is_terminal(status):
-        return {
-            "status": RolloutStatus.FAILURE,
-            "sample": None,
-            "err_message": (
+        return ResultFields(
+            status=RolloutStatus.FAILURE,
+            err_message=(
                 f"backend reported the non-terminal status {str(result.status)!r} as the "
                 "outcome; an outcome's status must be success, failure or cancelled"
             ),
-            "err_category": RolloutErrorCategory.INTERNAL_ERROR,
-        }
+            err_category=RolloutErrorCategory.INTERNAL_ERROR,
+        )
     sample = None if result.sample is None else _wire_sample(result.sample, status, rollout_id)
     err_message = None if result.err_message is None else scrub_text(str(result.err_message))
     err_category: RolloutErrorCategory | None = None
@@ -116,12 +109,22 @@ def wire_result(rollout_id: str, result: ExecutionResult) -> dict[str, Any]:
                 result.err_category,
             )
             err_category = RolloutErrorCategory.AGENT_ERROR
-    return {
-        "status": status,
-        "sample": sample,
-        "err_message": err_message,
-        "err_category": err_category,
-    }
+    return ResultFields(
+        status=status, sample=sample, err_message=err_message, err_category=err_category
+    )
+
+
+class StatusSink:
+    """``on_status`` of one rollout: reports to the registry (smaller than a partial)."""
+
+    __slots__ = ("_record", "_registry")
+
+    def __init__(self, registry: RolloutRegistry, record: RolloutRecord) -> None:
+        self._registry = registry
+        self._record = record
+
+    def __call__(self, status: RolloutStatus | str) -> None:
+        self._registry.set_status(self._record, status)
 
 
 def start_execution(
@@ -139,7 +142,7 @@ def start_execution(
     wrapper coroutine: a waiting rollout holds one frame less (about 300 bytes). What a
     wrapper would do around the call happens in callbacks instead: ``running`` is
     reported just before the task's first step (unless the backend reports its own queue
-    status), and :func:`finish_execution` publishes once the task is done.
+    status), and the registry publishes once the task is done (:func:`execution_result`).
 
     Args:
         registry: Where the status is reported.
@@ -174,33 +177,19 @@ _NO_CONTEXT: Final = contextvars.Context()
 
 
 def _mark_started(registry: RolloutRegistry, record: RolloutRecord, report_running: bool) -> None:
-    task = record.task
-    if task is None or task.done() or task.cancelling():
-        return  # cancelled before its first step: execute() never runs
-    record.started = True
-    if report_running:
+    if registry.mark_started(record) and report_running:
         registry.set_status(record, RolloutStatus.RUNNING)
 
 
-def finish_execution(
-    registry: RolloutRegistry, record: RolloutRecord, task: asyncio.Task[Any]
-) -> None:
-    """Publish what the execution task of ``record`` produced (its done callback).
+def execution_result(rollout_id: str, task: asyncio.Task[Any]) -> ResultFields:
+    """What to publish for an execution task that returned or raised an ``Exception``
+    (the registry's ``outcome_of``).
 
-    An outcome is checked and made wire-safe (:func:`wire_result`); an ``Exception`` is a
-    categorised ``failure``; a cancellation after the task started is ``cancelled`` with
-    the message ``"cancelled"``. Everything else (a cancellation before the first step,
-    a ``BaseException``) is left to the registry, which publishes it as the task's end.
+    An outcome is checked and made wire-safe (:func:`wire_result`); an ``Exception`` (or an
+    outcome that fails those checks) is a categorised ``failure``, logged with its
+    traceback.
     """
-    rollout_id = record.rollout_id
-    if task.cancelled():
-        if record.started and registry.publish(
-            record, status=RolloutStatus.CANCELLED, err_message=CANCELLED_MESSAGE
-        ):
-            logger.info("Rollout %s cancelled", rollout_id)
-        return
     error = task.exception()
-    fields: dict[str, Any] | None = None
     if error is None:
         outcome = task.result()
         try:
@@ -209,18 +198,12 @@ def finish_execution(
                     "backend.execute() must return an ExecutionOutcome; "
                     f"got {type(outcome).__name__}"
                 )
-            fields = wire_result(rollout_id, outcome.reported())
+            return wire_result(rollout_id, outcome.reported())
         except Exception as exc:  # noqa: BLE001 - logged and published below
             error = exc
-    if fields is None:
-        if not isinstance(error, Exception):
-            return  # a BaseException: the registry reports the crash
-        logger.error("Rollout %s failed", rollout_id, exc_info=error)
-        fields = {
-            "status": RolloutStatus.FAILURE,
-            "sample": None,
-            "err_message": scrub_text(str(error)) or FALLBACK_MESSAGE,
-            "err_category": categorize_exception(error),
-        }
-    if registry.publish_outcome(record, **fields):
-        logger.info("Rollout %s finished with status %s", rollout_id, fields["status"].value)
+    logger.error("Rollout %s failed", rollout_id, exc_info=error)
+    return ResultFields(
+        status=RolloutStatus.FAILURE,
+        err_message=scrub_text(str(error)) or FALLBACK_MESSAGE,
+        err_category=categorize_exception(error),
+    )

@@ -26,18 +26,19 @@ from typing import Any, Final, TypeVar
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
-from rollout_types import PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER, dumps, protocol_compatible
+from rollout_types import PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER, protocol_compatible
 
+from ._bodies import detail_body
 from ._responses import detail_response, json_response
 
 __all__ = ["internal_error_response", "make_protocol_middleware", "self_guarded"]
 
 logger: Final = logging.getLogger("rollout_server.middleware")
 
-_UNAUTHORIZED: Final = dumps({"detail": "unauthorized"}).encode()
-_INTERNAL_ERROR: Final = dumps(
-    {"detail": "internal server error; the rollout server's log has the details"}
-).encode()
+_UNAUTHORIZED: Final = detail_body("unauthorized")
+_INTERNAL_ERROR: Final = detail_body(
+    "internal server error; the rollout server's log has the details"
+)
 _KEPT_HEADERS: Final = (hdrs.ALLOW, hdrs.RETRY_AFTER)
 
 _H = TypeVar("_H", bound=Callable[..., Any])

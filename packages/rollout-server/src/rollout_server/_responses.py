@@ -1,36 +1,21 @@
-"""JSON responses of the protocol: every body is strict JSON, every error ``{"detail": ...}``."""
+"""JSON responses of the protocol: every body is strict JSON, every error ``{"detail": ...}``.
+
+The bodies come from :mod:`rollout_server._bodies`; this module only wraps them in aiohttp
+responses.
+"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 
 from aiohttp import web
 
-from rollout_types import dumps
+from ._bodies import detail_body
 
-__all__ = ["detail_response", "encode_json", "json_response"]
+__all__ = ["detail_response", "json_response"]
 
 _JSON: Final = "application/json"
-_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
-
-
-def _escape_surrogate(match: re.Match[str]) -> str:
-    return f"\\u{ord(match.group()):04x}"
-
-
-def encode_json(text: str) -> bytes:
-    """UTF-8 bytes of an encoded JSON document.
-
-    A lone surrogate (which only a JSON string escape such as ``"\\ud800"`` in a request
-    can produce) has no UTF-8 form: it is written back as the same ``\\uXXXX`` escape, so
-    the body stays valid JSON that decodes to the same value, instead of failing.
-    """
-    try:
-        return text.encode()
-    except UnicodeEncodeError:
-        return _LONE_SURROGATE.sub(_escape_surrogate, text).encode()
 
 
 class _JsonResponse(web.Response):
@@ -47,11 +32,9 @@ class _JsonResponse(web.Response):
 
 
 def json_response(
-    status: int, body: bytes | str, headers: Mapping[str, str] | None = None
+    status: int, body: bytes, headers: Mapping[str, str] | None = None
 ) -> web.Response:
     """A ``application/json`` response with an already encoded body."""
-    if isinstance(body, str):
-        body = encode_json(body)
     return _JsonResponse(status=status, body=body, content_type=_JSON, headers=headers)
 
 
@@ -59,4 +42,4 @@ def detail_response(
     status: int, detail: Any, headers: Mapping[str, str] | None = None
 ) -> web.Response:
     """An error response ``{"detail": detail}`` (a string, or a 422 list)."""
-    return json_response(status, dumps({"detail": detail}), headers)
+    return json_response(status, detail_body(detail), headers)

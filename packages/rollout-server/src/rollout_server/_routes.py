@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from aiohttp import hdrs, web
 
@@ -27,20 +27,19 @@ from rollout_types import (
     RolloutInitResponse,
     RolloutStatus,
     WireValidationError,
-    dumps,
-    header_error,
     loads,
     structure_wire,
 )
 
+from ._aiohttp_private import pause_keepalive_timer
+from ._bodies import detail_body, encode, progress_body
 from ._middleware import internal_error_response, self_guarded
-from ._registry import RolloutRecord
-from ._responses import detail_response, encode_json, json_response
+from ._record import RolloutRecord
+from ._responses import detail_response, json_response
+from ._server import DEFAULT_RETRY_AFTER_SEC, RolloutServer
+from ._validation import header_error, too_deep_error, unencodable_id_error
 
-if TYPE_CHECKING:
-    from ._app import RolloutServer
-
-__all__ = ["build_routes"]
+__all__ = ["Routes", "retry_after_header"]
 
 SHUTTING_DOWN: Final = "rollout server is shutting down"
 QUEUE_FULL: Final = "rollout queue is full; retry later"
@@ -57,21 +56,15 @@ CALLBACK_PROTOCOL: Final = (
 _T = TypeVar("_T")
 _LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
-DEFAULT_RETRY_AFTER_SEC: Final = 5.0
 RETRY_AFTER_BOUNDS_SEC: Final = (1.0, 60.0)
 
-
-def _bytes(detail: str) -> bytes:
-    return encode_json(dumps({"detail": detail}))
-
-
-_SHUTTING_DOWN_BODY: Final = _bytes(SHUTTING_DOWN)
-_QUEUE_FULL_BODY: Final = _bytes(QUEUE_FULL)
-_DUPLICATE_BODY: Final = _bytes(DUPLICATE)
-_UNKNOWN_ID_BODY: Final = _bytes(UNKNOWN_ID)
-_BAD_LEASE_BODY: Final = _bytes(BAD_LEASE)
-_ONE_SELECTOR_BODY: Final = _bytes(ONE_SELECTOR)
-_CALLBACK_BODY: Final = _bytes(CALLBACK_PROTOCOL)
+_SHUTTING_DOWN_BODY: Final = detail_body(SHUTTING_DOWN)
+_QUEUE_FULL_BODY: Final = detail_body(QUEUE_FULL)
+_DUPLICATE_BODY: Final = detail_body(DUPLICATE)
+_UNKNOWN_ID_BODY: Final = detail_body(UNKNOWN_ID)
+_BAD_LEASE_BODY: Final = detail_body(BAD_LEASE)
+_ONE_SELECTOR_BODY: Final = detail_body(ONE_SELECTOR)
+_CALLBACK_BODY: Final = detail_body(CALLBACK_PROTOCOL)
 
 
 def retry_after_header(seconds: Any) -> str:
@@ -89,40 +82,140 @@ def retry_after_header(seconds: Any) -> str:
     return str(math.ceil(min(max(float(seconds), low), high)))
 
 
-def pause_keepalive_timer(request: web.Request) -> None:
-    """Drop the idle keep-alive timer of the connection ``request`` came on.
+class Routes:
+    """The route handlers of one server, as bound methods (each callable on its own).
 
-    aiohttp arms that timer when a connection opens and keeps it through a request it is
-    handling, though it only ever closes idle connections; it re-arms it once the response
-    is sent. A long poll holds its connection busy for up to ``result_wait_timeout_sec``,
-    so dropping the timer meanwhile changes nothing but saves a loop timer (about half a
-    kilobyte) per waiting poll. A no-op where aiohttp keeps no such timer.
+    A handler reads what it needs from the instance (no per-request lookup in the app);
+    :meth:`table` is what :func:`~rollout_server.create_rollout_server` installs.
+
+    Args:
+        server: The server the handlers call.
     """
-    protocol = request.protocol
-    handle = getattr(protocol, "_keepalive_handle", None)
-    if handle is not None and callable(getattr(handle, "cancel", None)):
-        handle.cancel()
-        protocol._keepalive_handle = None
 
+    __slots__ = ("_backend", "_max_body", "_registry", "_server", "_wait_sec", "_waits")
 
-def build_routes(server: RolloutServer) -> list[web.RouteDef]:
-    """The route table of ``server``; handlers close over it (no per-request lookups)."""
-    registry = server.registry
-    backend = server.backend
-    wait_sec = server.result_wait_timeout_sec
-    max_body = server.max_body_bytes
+    def __init__(self, server: RolloutServer) -> None:
+        self._server = server
+        self._registry = server.registry
+        self._waits = server.registry.waits
+        self._backend = server.backend
+        self._wait_sec = server.result_wait_timeout_sec
+        self._max_body = server.max_body_bytes
 
-    def too_large() -> web.Response:
-        return detail_response(
-            413,
-            f"request body is larger than this server's limit of {max_body} bytes; send a "
-            "smaller body, or start the server with a higher max_body_bytes "
-            "(rollout-server serve --max-body-bytes)",
+    def table(self) -> list[web.RouteDef]:
+        """The route table: ``/health``, ``/rollout``, ``/rollout/{id}/result``,
+        ``/rollout/cancel``."""
+        # The result handler answers its own failures (middleware.self_guarded); the bound
+        # method marked is the one the route keeps, so the mark lives as long as the route.
+        result = self_guarded(self.result)
+        return [
+            web.get("/health", self.health, allow_head=False),
+            web.post("/rollout", self.admit),
+            web.get("/rollout/{rollout_id:[^/]+}/result", result, allow_head=False),
+            web.post("/rollout/cancel", self.cancel),
+        ]
+
+    # -- handlers -------------------------------------------------------------------------
+
+    async def health(self, _request: web.Request) -> web.Response:
+        """``GET /health``."""
+        return json_response(200, encode(self._server.health()))
+
+    async def admit(self, request: web.Request) -> web.Response:
+        """``POST /rollout``: 422 → 400 (pre-0.3.3 caller) → 503 → 429 → 409 → 202."""
+        try:
+            data = await self._read_json(request)
+            if type(data) is dict and data.get("completion_callback_url") is not None:
+                return json_response(400, _CALLBACK_BODY)
+            init = _structure(data, RolloutInitRequest)
+            if _LONE_SURROGATE.search(init.rollout_id):
+                raise unencodable_id_error(init.rollout_id)
+        except WireValidationError as exc:
+            return detail_response(422, exc.errors)
+        except _TooLargeError:
+            return self._too_large()
+        except RecursionError:
+            return detail_response(422, too_deep_error().errors)
+        server = self._server
+        if not server.accepting_rollouts:
+            return json_response(503, _SHUTTING_DOWN_BODY)
+        if not self._backend.has_capacity():
+            return json_response(
+                429,
+                _QUEUE_FULL_BODY,
+                {hdrs.RETRY_AFTER: retry_after_header(server.retry_after_sec())},
+            )
+        if init.rollout_id in self._registry:
+            return json_response(409, _DUPLICATE_BODY)
+        token = server.admit(init)
+        return json_response(
+            202,
+            encode(
+                RolloutInitResponse(
+                    rollout_id=init.rollout_id,
+                    status=RolloutStatus.QUEUED,
+                    polling_lease_token=token,
+                    result_wait_timeout_sec=self._wait_sec,
+                    polling_lease_timeout_sec=server.polling_lease_timeout_sec,
+                )
+            ),
         )
 
-    async def read_json(request: web.Request) -> Any:
+    async def result(self, request: web.Request) -> web.Response:
+        """``GET /rollout/{rollout_id}/result``: 422 → 404 → 403 → the result, or renew the
+        lease and long-poll.
+
+        Self-guarded (see :func:`~rollout_server._middleware.self_guarded`): the middleware
+        hands this coroutine to aiohttp as it is, so a waiting long poll holds no middleware
+        frame (and no nested coroutine): this handler answers failures with 500 and sets
+        the protocol header itself.
+        """
+        response: web.Response
+        try:
+            token = request.headers.get(LEASE_HEADER)
+            found = self._lookup(request, token)
+            if isinstance(found, web.Response):
+                response = found
+            else:
+                assert token is not None
+                waited = found.body is None and self._registry.renew(found)
+                if waited:
+                    waits = self._waits
+                    wait = waits.begin(found, found.status, self._wait_sec)
+                    if wait is not None:
+                        pause_keepalive_timer(request)
+                        try:
+                            await wait
+                        finally:
+                            waits.end(found, wait)
+                response = self._answer(found, token, waited)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - internal_error_response logs it
+            response = internal_error_response(request)
+        response.headers[PROTOCOL_VERSION_HEADER] = PROTOCOL_VERSION
+        return response
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        """``POST /rollout/cancel``: exactly one selector, one disposition per selected id."""
+        try:
+            selection = _structure(await self._read_json(request), CancelRolloutsRequest)
+        except WireValidationError as exc:
+            return detail_response(422, exc.errors)
+        except _TooLargeError:
+            return self._too_large()
+        except RecursionError:
+            return detail_response(422, too_deep_error().errors)
+        if selection.selector_count != 1:
+            return json_response(422, _ONE_SELECTOR_BODY)
+        dispositions = await self._server.cancel(selection)
+        return json_response(200, encode(CancelRolloutsResponse(dispositions=dict(dispositions))))
+
+    # -- helpers --------------------------------------------------------------------------
+
+    async def _read_json(self, request: web.Request) -> Any:
         length = request.content_length
-        if length is not None and length > max_body:
+        if length is not None and length > self._max_body:
             raise _TooLargeError
         try:
             body = await request.read()
@@ -130,67 +223,27 @@ def build_routes(server: RolloutServer) -> list[web.RouteDef]:
             raise _TooLargeError from None
         return loads(body)
 
-    def structure(read: Any, cls: type[_T]) -> _T:
-        # A document nested deeper than the interpreter can decode or walk is refused
-        # like any undecodable body.
-        try:
-            return structure_wire(read, cls)
-        except RecursionError:
-            raise _too_deep() from None
-
-    async def health(_request: web.Request) -> web.Response:
-        return json_response(200, dumps(server.health()))
-
-    async def admit(request: web.Request) -> web.Response:
-        try:
-            data = await read_json(request)
-            if type(data) is dict and data.get("completion_callback_url") is not None:
-                return json_response(400, _CALLBACK_BODY)
-            init = structure(data, RolloutInitRequest)
-            if _LONE_SURROGATE.search(init.rollout_id):
-                raise _unencodable_id(init.rollout_id)
-        except WireValidationError as exc:
-            return detail_response(422, exc.errors)
-        except _TooLargeError:
-            return too_large()
-        except RecursionError:
-            return detail_response(422, _too_deep().errors)
-        if not server.accepting_rollouts:
-            return json_response(503, _SHUTTING_DOWN_BODY)
-        if not backend.has_capacity():
-            return json_response(
-                429,
-                _QUEUE_FULL_BODY,
-                {hdrs.RETRY_AFTER: retry_after_header(server.retry_after_sec())},
-            )
-        if init.rollout_id in registry:
-            return json_response(409, _DUPLICATE_BODY)
-        token = server.admit(init)
-        return json_response(
-            202,
-            dumps(
-                RolloutInitResponse(
-                    rollout_id=init.rollout_id,
-                    status=RolloutStatus.QUEUED,
-                    polling_lease_token=token,
-                    result_wait_timeout_sec=wait_sec,
-                    polling_lease_timeout_sec=server.polling_lease_timeout_sec,
-                )
-            ),
+    def _too_large(self) -> web.Response:
+        return detail_response(
+            413,
+            f"request body is larger than this server's limit of {self._max_body} bytes; send "
+            "a smaller body, or start the server with a higher max_body_bytes "
+            "(rollout-server serve --max-body-bytes)",
         )
 
-    def lookup(request: web.Request, token: str | None) -> RolloutRecord | web.Response:
-        # 422 → 404 → 403, else the record the poll is for.
+    def _lookup(self, request: web.Request, token: str | None) -> RolloutRecord | web.Response:
+        """422 → 404 → 403, else the record the poll is for."""
         if not token:
             return detail_response(422, header_error(LEASE_HEADER, token).errors)
-        record = registry.get(request.match_info["rollout_id"])
+        record = self._registry.get(request.match_info["rollout_id"])
         if record is None:
             return json_response(404, _UNKNOWN_ID_BODY)
         if not record.check_token(token):
             return json_response(403, _BAD_LEASE_BODY)
         return record
 
-    def answer(record: RolloutRecord, token: str, waited: bool) -> web.Response:
+    def _answer(self, record: RolloutRecord, token: str, waited: bool) -> web.Response:
+        registry = self._registry
         # After a wait the record may have been removed, or replaced by a re-admission.
         if waited:
             current = registry.get(record.rollout_id)
@@ -201,94 +254,20 @@ def build_routes(server: RolloutServer) -> list[web.RouteDef]:
                     return json_response(403, _BAD_LEASE_BODY)
                 record = current
             if record.body is None:
-                return json_response(200, record.progress_body())
+                return json_response(200, progress_body(record.rollout_id, record.status))
         body = record.body
         assert body is not None  # published: by now, or by the lapsed-lease check
         registry.mark_delivered(record)
         return json_response(200, body)
 
-    @self_guarded
-    async def result(request: web.Request) -> web.Response:
-        # Self-guarded (see middleware.self_guarded): the middleware hands this coroutine
-        # to aiohttp as it is, so a waiting long poll holds no middleware frame (and no
-        # nested coroutine): this handler answers failures with 500 and sets the protocol
-        # header itself.
-        response: web.Response
-        try:
-            token = request.headers.get(LEASE_HEADER)
-            found = lookup(request, token)
-            if isinstance(found, web.Response):
-                response = found
-            else:
-                assert token is not None
-                waited = found.body is None and registry.renew(found)
-                if waited:
-                    wait = registry.begin_wait(found, found.status, wait_sec)
-                    if wait is not None:
-                        pause_keepalive_timer(request)
-                        try:
-                            await wait
-                        finally:
-                            registry.end_wait(found, wait)
-                response = answer(found, token, waited)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - internal_error_response logs it
-            response = internal_error_response(request)
-        response.headers[PROTOCOL_VERSION_HEADER] = PROTOCOL_VERSION
-        return response
 
-    async def cancel(request: web.Request) -> web.Response:
-        try:
-            selection = structure(await read_json(request), CancelRolloutsRequest)
-        except WireValidationError as exc:
-            return detail_response(422, exc.errors)
-        except _TooLargeError:
-            return too_large()
-        except RecursionError:
-            return detail_response(422, _too_deep().errors)
-        if selection.selector_count != 1:
-            return json_response(422, _ONE_SELECTOR_BODY)
-        dispositions = await server.cancel(selection)
-        return json_response(200, dumps(CancelRolloutsResponse(dispositions=dict(dispositions))))
-
-    return [
-        web.get("/health", health, allow_head=False),
-        web.post("/rollout", admit),
-        web.get("/rollout/{rollout_id:[^/]+}/result", result, allow_head=False),
-        web.post("/rollout/cancel", cancel),
-    ]
-
-
-def _too_deep() -> WireValidationError:
-    return WireValidationError(
-        [
-            {
-                "type": "json_invalid",
-                "loc": ["body", 0],
-                "msg": "JSON decode error",
-                "input": {},
-                "ctx": {"error": "JSON document nested too deeply"},
-            }
-        ]
-    )
-
-
-def _unencodable_id(rollout_id: str) -> WireValidationError:
-    return WireValidationError(
-        [
-            {
-                "type": "value_error",
-                "loc": ["body", "rollout_id"],
-                "msg": (
-                    "Value error, rollout_id must be valid Unicode: it holds a lone surrogate "
-                    "(a \\ud800-\\udfff escape), which no URL can carry"
-                ),
-                "input": rollout_id,
-                "ctx": {"error": {}},
-            }
-        ]
-    )
+def _structure(read: Any, cls: type[_T]) -> _T:
+    # A document nested deeper than the interpreter can decode or walk is refused like
+    # any undecodable body.
+    try:
+        return structure_wire(read, cls)
+    except RecursionError:
+        raise too_deep_error() from None
 
 
 class _TooLargeError(Exception):

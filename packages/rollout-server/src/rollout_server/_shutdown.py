@@ -14,6 +14,9 @@ The stages, in order (each wait ends early once no execution is active):
 7. close the registry: timers stop and waiting long polls answer at once.
 
 Only after that does the ``rollout-server`` command stop listening.
+
+The stages drive a :class:`ShutdownTarget` (what :class:`~rollout_server.RolloutServer`
+offers them), so this module depends on no server class.
 """
 
 from __future__ import annotations
@@ -21,16 +24,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Coroutine, Mapping
+from typing import Any, Final, Protocol
 
 import attrs
 
+from rollout_types import CancelDisposition
+
+from ._backend import ExecutionBackend
 from ._errors import ServerConfigError
+from ._registry import RolloutRegistry
 
-if TYPE_CHECKING:
-    from ._app import RolloutServer
-
-__all__ = ["ShutdownTimeouts", "run_staged_shutdown"]
+__all__ = ["ShutdownTarget", "ShutdownTimeouts", "run_staged_shutdown"]
 
 logger: Final = logging.getLogger("rollout_server.shutdown")
 
@@ -70,6 +75,36 @@ class ShutdownTimeouts:
     collect_sec: float = attrs.field(default=5.0, validator=_non_negative_finite)
 
 
+class ShutdownTarget(Protocol):
+    """What the staged shutdown needs of the server it stops."""
+
+    @property
+    def registry(self) -> RolloutRegistry:
+        """The rollouts (active executions, results to collect)."""
+        ...
+
+    @property
+    def backend(self) -> ExecutionBackend:
+        """The backend, whose ``shutdown()`` is awaited."""
+        ...
+
+    def begin_shutdown(self) -> None:
+        """Close admissions."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` as a side task that :meth:`close` waits for or cancels."""
+        ...
+
+    async def cancel_everything(self) -> Mapping[str, CancelDisposition]:
+        """Cancel every rollout without a result."""
+        ...
+
+    async def close(self) -> None:
+        """Close the registry and end the side tasks."""
+        ...
+
+
 async def _wait_first(
     fut: asyncio.Future[Any], hurry: asyncio.Future[None], timeout: float
 ) -> bool:
@@ -80,7 +115,11 @@ async def _wait_first(
 
 
 async def run_staged_shutdown(
-    server: RolloutServer, timeouts: ShutdownTimeouts, *, collect: bool, hurry: asyncio.Future[None]
+    server: ShutdownTarget,
+    timeouts: ShutdownTimeouts,
+    *,
+    collect: bool,
+    hurry: asyncio.Future[None],
 ) -> None:
     """Run the shutdown stages of the module docstring for ``server``.
 
@@ -133,7 +172,7 @@ async def run_staged_shutdown(
     logger.info("Rollout server shutdown complete")
 
 
-async def _shutdown_backend(server: RolloutServer, timeout: float) -> None:
+async def _shutdown_backend(server: ShutdownTarget, timeout: float) -> None:
     try:
         async with asyncio.timeout(timeout):
             await server.backend.shutdown()

@@ -40,7 +40,7 @@ key                      value
 =======================  ===============================================================
 
 The saved sample is the grader's result when it has a sample, otherwise the workflow's.
-Values JSON cannot hold (NaN, objects) are dropped with :func:`rollout_types.fit_json` when
+Values JSON cannot hold (NaN, objects) are dropped with :func:`fit_json` when
 the file is encoded (:func:`encode_document`), and a WARNING lists them.
 Files are written atomically (a temporary file in the same directory, then a rename), so a
 reader never sees half a file.
@@ -60,9 +60,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Final
 
-from rollout_types import fit_json
-
 from ._backend import ExecutionRequest, ExecutionResult, Sample
+from ._sanitize import fit_json
 
 __all__ = [
     "ARTIFACTS_DIR_NAME",
@@ -215,7 +214,7 @@ def encode_document(document: Any, name: str, owner: str = "") -> bytes:
 
     The document is encoded as it is when it can be (the json module's C encoder: the
     common case costs no walk in Python). Otherwise it is fitted with
-    :func:`rollout_types.fit_json` first (NaN and infinities, values JSON has no type for,
+    :func:`fit_json` first (NaN and infinities, values JSON has no type for,
     lone surrogates and non-string keys are dropped or converted) and what was dropped is
     logged as a WARNING.
 

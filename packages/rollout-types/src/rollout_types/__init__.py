@@ -22,7 +22,6 @@ from ._converter import (
     REDACTED,
     converter,
     dumps,
-    header_error,
     is_secret_key,
     loads,
     redact,
@@ -47,7 +46,6 @@ from ._models import (
     RolloutSample,
     is_single_path_segment,
 )
-from ._sanitize import fit_json, json_safe_sample, scrub_text
 
 try:
     __version__ = version("rollout-types")
@@ -81,15 +79,11 @@ __all__ = [
     "__version__",
     "converter",
     "dumps",
-    "fit_json",
-    "header_error",
     "is_secret_key",
     "is_single_path_segment",
     "is_terminal",
-    "json_safe_sample",
     "loads",
     "protocol_compatible",
     "redact",
-    "scrub_text",
     "structure_wire",
 ]

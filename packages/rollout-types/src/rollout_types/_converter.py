@@ -29,7 +29,6 @@ __all__ = [
     "REDACTED",
     "converter",
     "dumps",
-    "header_error",
     "is_secret_key",
     "loads",
     "redact",
@@ -383,26 +382,6 @@ def structure_wire(data: Any, cls: type[T], *, loc: Loc = ("body",)) -> T:
         for error in errors:
             error["loc"] = [*loc, *error["loc"]]
         raise WireValidationError(errors) from exc
-
-
-def header_error(name: str, value: str | None) -> WireValidationError:
-    """Build the 422 for a missing (``None``) or empty required request header."""
-    if value is None:
-        entry: dict[str, Any] = {
-            "type": "missing",
-            "loc": ["header", name],
-            "msg": "Field required",
-            "input": None,
-        }
-    else:
-        entry = {
-            "type": "string_too_short",
-            "loc": ["header", name],
-            "msg": "String should have at least 1 character",
-            "input": REDACTED if value else value,
-            "ctx": {"min_length": 1},
-        }
-    return WireValidationError([entry])
 
 
 def loads(data: bytes | str) -> Any:

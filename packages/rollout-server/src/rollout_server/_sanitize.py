@@ -1,8 +1,11 @@
-"""Make a sample safe for strict JSON, so telemetry can never cost a rollout its reward.
+"""Make what user code reports safe for strict JSON, so telemetry never costs a reward.
 
-This is the wire-sample pipeline of the protocol (spec section 4.7): ``metrics`` and
+This is the server's wire-sample pipeline (spec section 4.7): ``metrics`` and
 ``extra_fields`` are fitted to JSON value by value, and a sample whose ``messages`` still
-cannot be encoded is replaced by a minimal one that keeps label, reward and flag.
+cannot be encoded is replaced by a minimal one that keeps label, reward and flag. The
+backend's ``/health`` fields and ``trajectory.json`` are fitted the same way. Only the server
+needs this (a client receives JSON that is strict already), so it lives here rather than in
+``rollout_types``.
 """
 
 from __future__ import annotations
@@ -16,12 +19,11 @@ from typing import Any, Final
 
 import attrs
 
-from ._converter import converter, dumps
-from ._models import RolloutSample
+from rollout_types import RolloutSample, converter, dumps
 
 __all__ = ["fit_json", "json_safe_sample", "scrub_text"]
 
-logger: Final = logging.getLogger("rollout_types.sanitize")
+logger: Final = logging.getLogger("rollout_server.sanitize")
 
 _DROP: Final = object()
 

@@ -9,7 +9,8 @@ from fractions import Fraction
 
 import pytest
 
-from rollout_types import RolloutSample, dumps, fit_json, json_safe_sample, scrub_text
+from rollout_server._sanitize import fit_json, json_safe_sample, scrub_text
+from rollout_types import RolloutSample, dumps
 
 
 class Opaque:
@@ -55,7 +56,7 @@ class TestJsonSafeSample:
     def test_bad_metrics_keep_reward(self, caplog: pytest.LogCaptureFixture) -> None:
         """Non-JSON metrics are dropped with one warning and the reward survives."""
         sample = RolloutSample(reward=0.5, metrics={"bad": math.nan, "obj": Opaque()})
-        with caplog.at_level(logging.WARNING, logger="rollout_types.sanitize"):
+        with caplog.at_level(logging.WARNING, logger="rollout_server.sanitize"):
             safe = json_safe_sample(sample, context="r1")
         assert safe.metrics == {}
         assert safe.reward == 0.5
