@@ -317,7 +317,7 @@ class RolloutClient:
             aiohttp.ClientError: The POST failed on a transport error (not retried).
         """
         self._check_open()
-        request = _build_request(
+        body = _request_body(
             initial_messages=initial_messages,
             chat_completions_url=chat_completions_url,
             rollout_id=rollout_id,
@@ -329,14 +329,12 @@ class RolloutClient:
             grader_timeout_sec=grader_timeout_sec,
             extra_fields=extra_fields,
         )
-        try:
-            body = dumps(request).encode()
-        except (ValueError, TypeError) as exc:
-            raise ValueError(
-                f"the request for rollout {rollout_id!r} is not valid JSON: {exc}; "
-                "messages, metadata and extra_fields must hold finite JSON values only"
-            ) from exc
         admitted, sent_at = await self._admit(rollout_id, body)
+        return self._start_polling(admitted, sent_at)
+
+    def _start_polling(self, admitted: RolloutInitResponse, sent_at: float) -> RolloutHandle:
+        """The handle of an admitted rollout, polling this client's server in the background."""
+        rollout_id = admitted.rollout_id
         lease = Lease(
             token=admitted.polling_lease_token,
             result_wait_timeout_sec=admitted.result_wait_timeout_sec,
@@ -371,24 +369,14 @@ class RolloutClient:
                 may_have_succeeded=False,
             )
         settings = self._settings
-        url = self._transport.url("rollout")
         loop = asyncio.get_running_loop()
         scope = asyncio.timeout_at(None if timeout_sec is None else loop.time() + timeout_sec)
         in_flight = False
         try:
             async with scope:
                 while True:
-                    sent_at = settings.clock()
                     in_flight = True
-                    response = await self._transport.send(
-                        "POST",
-                        url,
-                        body=body,
-                        timeout=self._timeout(
-                            read_sec=settings.admission_read_timeout_sec,
-                            pool_sec=settings.admission_read_timeout_sec,
-                        ),
-                    )
+                    response, sent_at = await self._send_admission(body)
                     in_flight = False
                     if response.status == 429:
                         await settings.sleep(parse_retry_after(response.headers))
@@ -403,6 +391,21 @@ class RolloutClient:
                 rollout_id=rollout_id,
                 may_have_succeeded=in_flight,
             ) from exc
+
+    async def _send_admission(self, body: bytes) -> tuple[HttpResponse, float]:
+        """One ``POST /rollout``: the answer and the send time (``settings.clock``)."""
+        settings = self._settings
+        sent_at = settings.clock()
+        response = await self._transport.send(
+            "POST",
+            self._transport.url("rollout"),
+            body=body,
+            timeout=self._timeout(
+                read_sec=settings.admission_read_timeout_sec,
+                pool_sec=settings.admission_read_timeout_sec,
+            ),
+        )
+        return response, sent_at
 
     async def cancel_rollout(self, rollout_id: str) -> CancelRolloutsResponse:
         """Ask the server to cancel a rollout; bounded to 5 s wall clock, pool wait included.
@@ -633,7 +636,7 @@ def _admission_answer(rollout_id: str, response: HttpResponse) -> RolloutInitRes
     )
 
 
-def _build_request(
+def _request_body(
     *,
     initial_messages: list[dict[str, Any]],
     chat_completions_url: str,
@@ -645,8 +648,8 @@ def _build_request(
     agent_timeout_sec: float | None,
     grader_timeout_sec: float | None,
     extra_fields: dict[str, Any] | None,
-) -> RolloutInitRequest:
-    """Build the admission body and validate it as the server would (spec section 3.2)."""
+) -> bytes:
+    """The admission body as JSON bytes, validated as the server would (spec section 3.2)."""
     checks: tuple[tuple[str, object, type | tuple[type, ...], bool], ...] = (
         ("rollout_id", rollout_id, str, False),
         ("chat_completions_url", chat_completions_url, str, False),
@@ -670,7 +673,7 @@ def _build_request(
     ):
         if seconds is not None:
             _check_seconds(name, seconds, positive=False)
-    return RolloutInitRequest(
+    request = RolloutInitRequest(
         initial_messages=initial_messages,
         rollout_id=rollout_id,
         chat_completions_url=chat_completions_url,
@@ -682,3 +685,10 @@ def _build_request(
         grader_timeout_sec=grader_timeout_sec,
         extra_fields=extra_fields,
     )
+    try:
+        return dumps(request).encode()
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"the request for rollout {rollout_id!r} is not valid JSON: {exc}; "
+            "messages, metadata and extra_fields must hold finite JSON values only"
+        ) from exc
