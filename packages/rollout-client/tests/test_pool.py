@@ -348,6 +348,23 @@ class TestRouting:
         assert error.value.may_have_succeeded is False
         assert a.admitted() == []
 
+    async def test_admission_deadline_names_a_post_in_flight(self, fakes, make_pool):
+        """When admission_timeout_sec ends during a POST, the error says the rollout may
+        have been admitted."""
+        (a,) = await fakes(1)
+
+        async def hang(request: web.Request) -> web.StreamResponse:
+            assert a.server is not None
+            await a.server.hang()
+            return json_response({"detail": "too late"}, 503)
+
+        a.admission = hang
+        pool = make_pool([a.url], admission_timeout_sec=0.2)
+        with pytest.raises(RolloutAdmissionTimeoutError, match="may have succeeded") as error:
+            await start_rollout(pool, "r0")
+        assert error.value.may_have_succeeded is True
+        assert pool.servers()[0].outstanding == 0
+
 
 class TestRotation:
     async def test_failed_polls_take_the_server_out_and_a_probe_brings_it_back(

@@ -363,6 +363,10 @@ class RolloutClientPool:
                 f"rollout {rollout_id!r} is in flight through this pool already (admitted by "
                 f"{running.url}); use a fresh rollout_id per attempt"
             )
+        return await self._admit(rollout_id, body)
+
+    async def _admit(self, rollout_id: str, body: bytes) -> RolloutHandle:
+        """Try servers until one admits the rollout, within the admission deadline."""
         timeout_sec = self._admission_timeout_sec
         if timeout_sec is not None and timeout_sec <= 0:
             raise RolloutAdmissionTimeoutError(
@@ -370,65 +374,64 @@ class RolloutClientPool:
                 rollout_id=rollout_id,
                 may_have_succeeded=False,
             )
-        in_flight = [False]
         loop = asyncio.get_running_loop()
         scope = asyncio.timeout_at(None if timeout_sec is None else loop.time() + timeout_sec)
+        failed: dict[str, str] = {}
+        in_flight = False
         try:
             async with scope:
-                handle = await self._admit(rollout_id, body, in_flight)
+                while True:
+                    server = self._pick(failed)
+                    if server is None:
+                        await self._when_none_free(rollout_id, failed)
+                        continue
+                    in_flight = True
+                    handle = await self._try(server, rollout_id, body, failed)
+                    in_flight = False
+                    if handle is not None:
+                        return handle
         except TimeoutError as exc:
             if not scope.expired():
                 raise
             raise RolloutAdmissionTimeoutError(
                 f"admission for rollout {rollout_id} timed out after {timeout_sec} seconds"
-                + (_MAY_HAVE_SUCCEEDED if in_flight[0] else ""),
+                + (_MAY_HAVE_SUCCEEDED if in_flight else ""),
                 rollout_id=rollout_id,
-                may_have_succeeded=in_flight[0],
+                may_have_succeeded=in_flight,
             ) from exc
-        return handle
 
-    async def _admit(self, rollout_id: str, body: bytes, in_flight: list[bool]) -> RolloutHandle:
-        """Try servers until one admits the rollout (see the module docstring).
-
-        ``in_flight[0]`` tells, when this is interrupted, whether a POST was in flight.
-        """
-        settings = self._settings
-        failed: dict[str, str] = {}
-        while True:
-            server = self._pick(failed)
-            if server is None:
-                await self._when_none_free(rollout_id, failed)
-                continue
-            server.outstanding += 1
-            handle: RolloutHandle | None = None
+    async def _try(
+        self, server: _Server, rollout_id: str, body: bytes, failed: dict[str, str]
+    ) -> RolloutHandle | None:
+        """One ``POST /rollout`` to ``server``: the handle, or None when another server (or
+        a later attempt) must take the rollout; a server that failed goes into ``failed``."""
+        server.outstanding += 1
+        handle: RolloutHandle | None = None
+        try:
             try:
-                in_flight[0] = True
-                try:
-                    response, sent_at = await server.client._send_admission(body)
-                except (aiohttp.ClientError, OSError) as exc:
-                    if classify(exc) is None:
-                        raise
-                    in_flight[0] = False
-                    failed[server.url] = f"POST /rollout failed: {_failure(exc)}"
-                    self._take_out(server, failed[server.url])
-                    continue
-                in_flight[0] = False
-                if response.status == 429:
-                    server.busy_until = settings.clock() + parse_retry_after(response.headers)
-                    continue
-                if response.status in UNAVAILABLE_STATUSES:
-                    failed[server.url] = f"POST /rollout answered {response.status}" + (
-                        " (shutting down)" if response.status == 503 else " (gateway)"
-                    )
-                    self._take_out(server, failed[server.url])
-                    continue
-                admitted = _admission_answer(rollout_id, response)
-                handle = server.client._start_polling(admitted, sent_at)
-            finally:
-                if handle is None:
-                    server.outstanding -= 1
-            self._track(server, handle)
-            return handle
+                response, sent_at = await server.client._send_admission(body)
+            except (aiohttp.ClientError, OSError) as exc:
+                if classify(exc) is None:
+                    raise
+                failed[server.url] = f"POST /rollout failed: {_failure(exc)}"
+                self._take_out(server, failed[server.url])
+                return None
+            if response.status == 429:
+                server.busy_until = self._settings.clock() + parse_retry_after(response.headers)
+                return None
+            if response.status in UNAVAILABLE_STATUSES:
+                failed[server.url] = f"POST /rollout answered {response.status}" + (
+                    " (shutting down)" if response.status == 503 else " (gateway)"
+                )
+                self._take_out(server, failed[server.url])
+                return None
+            admitted = _admission_answer(rollout_id, response)
+            handle = server.client._start_polling(admitted, sent_at)
+        finally:
+            if handle is None:
+                server.outstanding -= 1
+        self._track(server, handle)
+        return handle
 
     def _pick(self, failed: Mapping[str, str]) -> _Server | None:
         """The free server in rotation with the fewest outstanding rollouts (round-robin ties)."""
@@ -683,10 +686,10 @@ class RolloutClientPool:
                 self._take_out(server, f"GET /health failed: {_failure(exc)}")
             return None
         self._observe(server, health)
-        lifecycle = health.get("lifecycle")
         if server.changes != changes:
-            pass
-        elif isinstance(lifecycle, dict) and lifecycle.get("accepting_rollouts") is False:
+            return health
+        lifecycle = health.get("lifecycle")
+        if isinstance(lifecycle, dict) and lifecycle.get("accepting_rollouts") is False:
             self._take_out(server, "shutting down (GET /health: accepting_rollouts is false)")
         else:
             self._bring_back(server)
