@@ -8,6 +8,8 @@ and restarted on its port in the middle of a run.
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import os
 import re
 import signal
@@ -20,6 +22,7 @@ import aiohttp
 import pytest
 
 from rollout_client import RolloutClientPool, RolloutHandle, RolloutProtocolError
+from rollout_client.eval import EvalOptions, run_eval
 from rollout_server import (
     ExecutionBackend,
     ExecutionOutcome,
@@ -112,6 +115,42 @@ class TestThreeServersInProcess:
                 ["r1", "r3"],
                 ["r2"],
             )
+
+
+class TestEvalOverTwoServers:
+    async def test_rollout_eval_spreads_a_dataset_over_both_servers(
+        self, serve_rollout: Any, tmp_path: Path
+    ) -> None:
+        """run_eval with two servers completes every item, each server running some."""
+        backends = [HeldBackend(), HeldBackend()]
+        servers = []
+        for backend in backends:
+            backend.release.set()
+            servers.append(await serve_rollout(backend))
+        dataset = tmp_path / "rows.jsonl"
+        dataset.write_text(
+            "".join(
+                json.dumps({"user_prompt": f"{i} + 0?", "label": str(i)}) + "\n" for i in range(8)
+            ),
+            encoding="utf-8",
+        )
+        report = await run_eval(
+            EvalOptions(
+                dataset=dataset,
+                server_url=servers[0].url,
+                extra_server_urls=(servers[1].url,),
+                chat_url=CHAT,
+                output=tmp_path / "out",
+                concurrency=4,
+                progress="off",
+            ),
+            stream=io.StringIO(),
+        )
+        assert report.exit_code == 0
+        assert report.summary["by_outcome"]["success"] == 8
+        executed = [len(backend.executed) for backend in backends]
+        assert sum(executed) == 8
+        assert min(executed) >= 1
 
 
 class ServeProcess:

@@ -62,6 +62,7 @@ from .._errors import (
     RolloutProtocolError,
     RolloutProtocolVersionError,
 )
+from .._pool import RolloutClientPool
 from ._dataset import Dataset, load_dataset, parse_row_selection
 from ._errors import (
     EXIT_INCOMPLETE,
@@ -169,11 +170,12 @@ class _Client(Protocol):
 
 
 ClientFactory = Callable[..., _Client]
-"""Builds a client: called with ``url``, ``api_key`` and ``admission_timeout_sec``."""
+"""Builds a client: called with ``url`` (or, for several servers, ``urls``), ``api_key`` and
+``admission_timeout_sec``."""
 
 
 def _default_client_factory(**kwargs: Any) -> _Client:
-    client: _Client = RolloutClient(**kwargs)
+    client: _Client = RolloutClientPool(**kwargs) if "urls" in kwargs else RolloutClient(**kwargs)
     return client
 
 
@@ -184,6 +186,9 @@ class EvalOptions:
     Attributes:
         dataset: The JSONL or CSV dataset.
         server_url: Base URL of the rollout server.
+        extra_server_urls: Base URLs of further rollout servers; with any, rollouts are
+            spread over all of them by :class:`~rollout_client.RolloutClientPool`
+            (default none).
         chat_url: OpenAI-compatible base URL of the model (sent as ``chat_completions_url``).
         server_api_key: Bearer key of the rollout server, or None.
         llm_api_key: Key of the chat endpoint (sent as ``llm_api_key``), or None.
@@ -210,6 +215,7 @@ class EvalOptions:
     dataset: Path
     server_url: str
     chat_url: str
+    extra_server_urls: tuple[str, ...] = ()
     server_api_key: str | None = dataclasses.field(default=None, repr=False)
     llm_api_key: str | None = dataclasses.field(default=None, repr=False)
     concurrency: int | None = None
@@ -250,15 +256,26 @@ class EvalOptions:
                 raise EvalInputError(f"{flag} must be a finite number of seconds > 0, got {value}")
         if not math.isfinite(self.pass_threshold):
             raise EvalInputError(f"--pass-threshold must be finite, got {self.pass_threshold}")
-        for flag, url in (("--server", self.server_url), ("--chat-url", self.chat_url)):
+        for flag, url in (
+            *(("--server", server) for server in self.server_urls),
+            ("--chat-url", self.chat_url),
+        ):
             if not url.startswith(("http://", "https://")):
                 raise EvalInputError(f"{flag} must be an http:// or https:// URL, got {url!r}")
+        stripped = [url.rstrip("/") for url in self.server_urls]
+        if len(set(stripped)) != len(stripped):
+            raise EvalInputError(f"--server lists a URL twice: {list(self.server_urls)}")
         if self.name is not None and (
             not self.name.strip() or "/" in self.name or self.name in (".", "..")
         ):
             raise EvalInputError(
                 f"--name must be a plain directory name (no '/'), got {self.name!r}"
             )
+
+    @property
+    def server_urls(self) -> tuple[str, ...]:
+        """Every rollout server: ``server_url`` then ``extra_server_urls``."""
+        return (self.server_url, *self.extra_server_urls)
 
     @property
     def run_name(self) -> str:
@@ -774,7 +791,7 @@ def _prepare_run_dir(
     return run_dir, warnings
 
 
-async def _check_server(client: _Client, options: EvalOptions) -> dict[str, Any]:
+async def _check_server(client: _Client, url: str) -> dict[str, Any]:
     try:
         async with asyncio.timeout(HEALTH_TIMEOUT_SEC):
             return await client.health()
@@ -783,15 +800,15 @@ async def _check_server(client: _Client, options: EvalOptions) -> dict[str, Any]
     except RolloutProtocolError as exc:
         if exc.status_code == 401:
             raise ServerUnavailableError(
-                f"the rollout server at {options.server_url} requires an API key (401); pass "
+                f"the rollout server at {url} requires an API key (401); pass "
                 "--server-api-key-env NAME with the key in environment variable NAME"
             ) from None
         raise ServerUnavailableError(
-            f"the rollout server at {options.server_url} answered GET /health badly: {exc}"
+            f"the rollout server at {url} answered GET /health badly: {exc}"
         ) from None
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise ServerUnavailableError(
-            f"cannot reach the rollout server at {options.server_url} ({type(exc).__name__}: "
+            f"cannot reach the rollout server at {url} ({type(exc).__name__}: "
             f"{exc}); start it (rollout-server serve MODULE:ATTR) or fix --server"
         ) from None
 
@@ -810,8 +827,9 @@ async def run_eval(
         stream: Where progress and messages go (normally stderr); the summary table is
             returned in the report, not written here.
         control: Lets the caller stop the run (the CLI's Ctrl-C); default: a private one.
-        client_factory: Builds the rollout client (default :class:`RolloutClient`); called
-            with ``url``, ``api_key`` and ``admission_timeout_sec``.
+        client_factory: Builds the rollout client; called with ``url`` (or ``urls`` when
+            there are extra servers), ``api_key`` and ``admission_timeout_sec``; default
+            :class:`RolloutClient` (:class:`RolloutClientPool` for ``urls``).
 
     Returns:
         The report: run directory, summary, exit code and stop reason.
@@ -864,6 +882,7 @@ async def run_eval(
         "rows": format_rows(selected),
         "n": options.n,
         "server_url": options.server_url,
+        **({"server_urls": list(options.server_urls)} if options.extra_server_urls else {}),
         "chat_url": options.chat_url,
         "chat_models": list(chat_models) if chat_models is not None else None,
     }
@@ -941,17 +960,22 @@ async def _run_pending(
     pending: list[tuple[int, int]],
     run_dir: Path,
 ) -> int:
-    probe = factory(url=options.server_url, api_key=options.server_api_key)
-    try:
-        health = await _check_server(probe, options)
-    finally:
-        await probe.aclose()
-    if not isinstance(health.get("process_id"), str):
-        progress.message(
-            f"rollout-eval: warning: GET {options.server_url}/health has no process_id: is "
-            "--server a rollout server (rollout-server serve, or osmosis-ai >= 0.3.5)?"
-        )
-    capacity = capacity_from_health(health)
+    urls = options.server_urls
+    healths = []
+    for url in urls:
+        probe = factory(url=url, api_key=options.server_api_key)
+        try:
+            healths.append(await _check_server(probe, url))
+        finally:
+            await probe.aclose()
+    for url, health in zip(urls, healths, strict=True):
+        if not isinstance(health.get("process_id"), str):
+            progress.message(
+                f"rollout-eval: warning: GET {url}/health has no process_id: is "
+                "--server a rollout server (rollout-server serve, or osmosis-ai >= 0.3.5)?"
+            )
+    capacities = [capacity_from_health(health) for health in healths]
+    capacity = None if None in capacities else sum(c for c in capacities if c is not None)
     if options.concurrency is not None:
         concurrency = options.concurrency
     elif capacity is not None:
@@ -964,24 +988,32 @@ async def _run_pending(
         )
     concurrency = min(concurrency, len(pending))
     admission = options.admission_timeout_sec or options.deadline_sec() * max(concurrency, 1)
-    client = factory(
-        url=options.server_url, api_key=options.server_api_key, admission_timeout_sec=admission
-    )
+    if len(urls) == 1:
+        client = factory(
+            url=urls[0], api_key=options.server_api_key, admission_timeout_sec=admission
+        )
+
+        def cancel_client() -> _Client:
+            return factory(url=urls[0], api_key=options.server_api_key)
+    else:
+        client = factory(urls=urls, api_key=options.server_api_key, admission_timeout_sec=admission)
+
+        def cancel_client() -> _Client:
+            return client  # only the pool knows which server admitted each rollout
+
     run = _Run(
         options=options,
         dataset=dataset,
         journal=journal,
         progress=progress,
         client=client,
-        cancel_client_factory=lambda: factory(
-            url=options.server_url, api_key=options.server_api_key
-        ),
+        cancel_client_factory=cancel_client,
         control=control,
         samples_path=run_dir / "samples.jsonl",
     )
     progress.message(
         f"rollout-eval: run {options.run_name!r}: {len(pending)} rollouts to run against "
-        f"{options.server_url}, {concurrency} at a time; results in {run_dir}"
+        f"{', '.join(urls)}, {concurrency} at a time; results in {run_dir}"
     )
     try:
         progress.draw(force=True)
