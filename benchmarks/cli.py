@@ -32,6 +32,7 @@ from benchmarks.report import (
     cross_table,
     floor_table,
     main_table,
+    pool_table,
     rows_for,
     summary_records,
     validate_record,
@@ -136,14 +137,15 @@ def run_one(
     scratch_dir: Path | None = None,
     remove_workdir: bool = True,
 ) -> dict[str, Any]:
-    """Run one spec: a fresh server, one load generator; return the run record.
+    """Run one spec: fresh servers (``spec.servers`` of them), one load generator; return
+    the run record.
 
-    The server's artifacts go to a new directory under ``scratch_dir``, deleted when the
+    Each server's artifacts go to a new directory under ``scratch_dir``, deleted when the
     server stops unless ``remove_workdir`` is false (the caller then deletes it).
 
-    With ``py_spy``, the server is sampled and its profile goes to
-    ``<log_dir>/<label>.profile`` (collapsed stacks, ``python -m benchmarks.profiles``
-    summarises them).
+    With ``py_spy``, each server is sampled and its profile goes to
+    ``<log_dir>/<label>.profile`` (``<label>.<n>.profile`` for a further server n;
+    collapsed stacks, ``python -m benchmarks.profiles`` summarises them).
     """
     record: dict[str, Any] = {
         "type": "run",
@@ -156,24 +158,32 @@ def run_one(
         "concurrency": spec.concurrency,
         "sleep_sec": spec.sleep_sec,
         "stagger_sec": spec.stagger_sec,
+        "servers": spec.servers,
+        "pool": spec.pool,
         "ok": False,
         "error": None,
     }
-    log_path = log_dir / f"{spec.label}.log"
     try:
-        with ServerProcess(
-            stack=spec.server,
-            python=pythons[spec.server],
-            log_path=log_path,
-            py_spy=py_spy,
-            profile_path=log_dir / f"{spec.label}.profile",
-            scratch_dir=scratch_dir,
-            remove_workdir=remove_workdir,
-        ) as server:
+        with contextlib.ExitStack() as stack:
+            servers = []
+            for n in range(spec.servers):
+                name = spec.label if n == 0 else f"{spec.label}.{n}"
+                server = ServerProcess(
+                    stack=spec.server,
+                    python=pythons[spec.server],
+                    log_path=log_dir / f"{name}.log",
+                    py_spy=py_spy,
+                    profile_path=log_dir / f"{name}.profile",
+                    scratch_dir=scratch_dir,
+                    remove_workdir=remove_workdir,
+                )
+                servers.append(stack.enter_context(server))
             figures = run_loadgen(
                 python=pythons[spec.client],
                 args=spec.loadgen_args(
-                    url=server.url, server_pid=server.pid, loop=loops[spec.client]
+                    urls=[server.url for server in servers],
+                    server_pids=[server.pid for server in servers],
+                    loop=loops[spec.client],
                 ),
                 deadline_sec=spec.deadline_sec,
                 log_path=log_dir / f"{spec.label}.loadgen.log",
@@ -350,6 +360,16 @@ def _markdown(
         ]
     if "cross" in workloads or "throughput" in workloads:
         lines += [cross_table(profile, runs), ""]
+    pool = pool_table(profile, runs) if "pool" in workloads else None
+    if pool is not None:
+        lines += [
+            "Many servers: our client and `RolloutClientPool` (least-outstanding routing) "
+            "against one or two `rollout-server serve` processes, the same trivial rollouts "
+            "as the throughput workload; server CPU summed over the servers.",
+            "",
+            pool,
+            "",
+        ]
     failed = [r for r in runs if not r["ok"]]
     if failed:
         lines.append("Runs with errors or failed rollouts:")

@@ -8,7 +8,9 @@ server the suite started in another. It reads the server's CPU time and memory f
 - ``closed``: ``--concurrency`` workers run ``--count`` rollouts to completion, each
   starting the next as soon as its last one finished, after ``--warmup`` unmeasured
   rollouts that open the connections. Reports rollouts/s, end-to-end latency
-  percentiles, and server and client CPU per rollout.
+  percentiles, and server and client CPU per rollout. With ``--url`` (and
+  ``--server-pid``) given once per server and ``--pool``, our client is a
+  ``RolloutClientPool`` over all of them; server CPU and RSS are then their sums.
 - ``inflight``: admits ``--count`` rollouts whose workflows hold until released, lets them
   long-poll idle, then releases them all at once with SIGUSR1 to the server. Reports the
   admission rate, server RSS per in-flight rollout, idle server CPU, and how late each
@@ -75,12 +77,13 @@ def status_of(result: Any) -> str:
 
 
 class OursAdapter:
-    """Our ``RolloutClient``: ONE instance (one aiohttp session) carries all the load."""
+    """Our ``RolloutClient`` (or ``RolloutClientPool`` over several servers): ONE instance
+    carries all the load."""
 
-    def __init__(self, url: str) -> None:
-        from rollout_client import RolloutClient
+    def __init__(self, urls: list[str], *, pool: bool) -> None:
+        from rollout_client import RolloutClient, RolloutClientPool
 
-        self._client = RolloutClient(url=url)
+        self._client: Any = RolloutClientPool(urls=urls) if pool else RolloutClient(url=urls[0])
 
     async def run(self, slot: int, rollout_id: str, metadata: dict[str, Any] | None) -> str:
         result = await self._client.run_rollout(
@@ -151,12 +154,13 @@ class OsmosisAdapter:
             await http.aclose()
 
 
-def make_adapter(client: str, url: str, in_flight: int) -> Adapter:
-    """The adapter of ``client`` ("ours" or "osmosis") sized for ``in_flight`` rollouts."""
+def make_adapter(client: str, urls: list[str], in_flight: int, *, pool: bool = False) -> Adapter:
+    """The adapter of ``client`` ("ours" or "osmosis") sized for ``in_flight`` rollouts;
+    with ``pool``, ours is a ``RolloutClientPool`` over ``urls``, else the first URL's."""
     if client == "ours":
-        return OursAdapter(url)
+        return OursAdapter(urls, pool=pool)
     if client == "osmosis":
-        return OsmosisAdapter(url, max(1, math.ceil(in_flight / OSMOSIS_ROLLOUTS_PER_CLIENT)))
+        return OsmosisAdapter(urls[0], max(1, math.ceil(in_flight / OSMOSIS_ROLLOUTS_PER_CLIENT)))
     raise ValueError(f"client must be 'ours' or 'osmosis'; got {client!r}")
 
 
@@ -244,6 +248,12 @@ def new_ids(tag: str, count: int) -> list[str]:
     return [f"{run}-{tag}-{index}" for index in range(count)]
 
 
+def servers_cpu_times(pids: list[int]) -> tuple[float, float]:
+    """User and system CPU seconds of the server processes, summed."""
+    times = [cpu_times(pid) for pid in pids]
+    return sum(user for user, _ in times), sum(system for _, system in times)
+
+
 async def closed_loop(args: argparse.Namespace, adapter: Adapter) -> dict[str, Any]:
     """The ``closed`` workload (see the module docstring)."""
     metadata = {"sleep_sec": args.sleep_sec} if args.sleep_sec > 0 else None
@@ -260,7 +270,7 @@ async def closed_loop(args: argparse.Namespace, adapter: Adapter) -> dict[str, A
                 warmup,
                 stagger_sec=args.stagger_sec,
             )
-            server_user0, server_sys0 = cpu_times(args.server_pid)
+            server_user0, server_sys0 = servers_cpu_times(args.server_pids)
             client_cpu0 = self_cpu_seconds()
             started = time.perf_counter()
             try:
@@ -274,7 +284,7 @@ async def closed_loop(args: argparse.Namespace, adapter: Adapter) -> dict[str, A
                 )
             finally:
                 elapsed = time.perf_counter() - started
-                server_user, server_sys = cpu_times(args.server_pid)
+                server_user, server_sys = servers_cpu_times(args.server_pids)
                 server_sys -= server_sys0
                 server_cpu = server_user - server_user0 + server_sys
                 client_cpu = self_cpu_seconds() - client_cpu0
@@ -301,7 +311,7 @@ async def closed_loop(args: argparse.Namespace, adapter: Adapter) -> dict[str, A
         "server_cpu_ms_per_rollout": server_cpu * per_rollout if done else None,
         "server_cpu_util": server_cpu / elapsed if elapsed > 0 else None,
         "client_cpu_ms_per_rollout": client_cpu * per_rollout if done else None,
-        "server_rss_kib": memory_kib(args.server_pid)[0],
+        "server_rss_kib": sum(memory_kib(pid)[0] for pid in args.server_pids),
     }
 
 
@@ -318,7 +328,7 @@ async def sample_rss(pid: int, peak: list[int], stop: asyncio.Event) -> None:
 
 async def in_flight(args: argparse.Namespace, adapter: Adapter) -> dict[str, Any]:
     """The ``inflight`` workload (see the module docstring)."""
-    pid = args.server_pid
+    (pid,) = args.server_pids
     rss_baseline = memory_kib(pid)[0]
     peak = [rss_baseline]
     stop_sampling = asyncio.Event()
@@ -426,8 +436,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (see ``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--client", choices=("ours", "osmosis"), required=True)
-    parser.add_argument("--url", required=True, help="server base URL (loopback)")
-    parser.add_argument("--server-pid", type=int, required=True)
+    parser.add_argument(
+        "--url",
+        dest="urls",
+        action="append",
+        required=True,
+        help="server base URL (loopback); once per server",
+    )
+    parser.add_argument(
+        "--server-pid",
+        dest="server_pids",
+        type=int,
+        action="append",
+        required=True,
+        help="each server's process id, in --url order",
+    )
+    parser.add_argument(
+        "--pool", action="store_true", help="ours: drive the servers with RolloutClientPool"
+    )
     parser.add_argument("--shape", choices=("closed", "inflight"), required=True)
     parser.add_argument("--count", type=int, required=True, help="measured rollouts")
     parser.add_argument("--concurrency", type=int, default=1, help="closed: workers")
@@ -446,6 +472,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("count", "concurrency", "admission_concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if len(args.urls) != len(args.server_pids):
+        parser.error("give --server-pid once per --url")
+    if len(args.urls) > 1 and not (args.pool and args.client == "ours" and args.shape == "closed"):
+        parser.error("several servers need --pool, --client ours and --shape closed")
     if args.warmup < 0 or not 0 < args.deadline_sec < math.inf:
         parser.error("--warmup must be >= 0 and --deadline-sec finite and > 0")
     return args
@@ -453,7 +483,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     in_flight_rollouts = args.count if args.shape == "inflight" else args.concurrency
-    adapter = make_adapter(args.client, args.url, in_flight_rollouts)
+    adapter = make_adapter(args.client, args.urls, in_flight_rollouts, pool=args.pool)
     workload: Callable[[argparse.Namespace, Adapter], Coroutine[Any, Any, dict[str, Any]]] = (
         closed_loop if args.shape == "closed" else in_flight
     )

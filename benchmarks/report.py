@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from benchmarks.stats import summarize
-from benchmarks.suite import FLOOR, Profile
+from benchmarks.suite import FLOOR, POOL_SHAPES, Profile
 
 __all__ = [
     "Row",
@@ -25,6 +25,7 @@ __all__ = [
     "cross_table",
     "floor_table",
     "main_table",
+    "pool_table",
     "rows_for",
     "summary_records",
     "validate_record",
@@ -467,3 +468,50 @@ def cross_table(profile: Profile, runs: Sequence[Mapping[str, Any]]) -> str:
         cells = [_show(_cell(_values(chosen, key))) for _, key in metrics]
         lines.append(f"| {names[client]} → {names[server]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def pool_table(profile: Profile, runs: Sequence[Mapping[str, Any]]) -> str | None:
+    """Our client and our pool client over one and two servers (the ``pool`` workload), or
+    None when no pool run has figures.
+
+    Server CPU is summed over the run's servers; the last column is each row's rollouts/s
+    over the first row's (medians).
+    """
+    c = profile.pool_concurrency
+    metrics = (
+        ("rollouts/s", "rollouts_per_sec"),
+        ("latency p50 ms", "latency_ms_p50"),
+        ("latency p99 ms", "latency_ms_p99"),
+        ("server CPU ms/rollout", "server_cpu_ms_per_rollout"),
+        ("client CPU ms/rollout", "client_cpu_ms_per_rollout"),
+    )
+    lines = [
+        f"| ours, concurrency {c} | "
+        + " | ".join(m for m, _ in metrics)
+        + " | rollouts/s vs first |",
+        "|---|" + "---:|" * (len(metrics) + 1),
+    ]
+    base: float | None = None
+    filled = False
+    for pool, servers in POOL_SHAPES:
+        chosen = [
+            r
+            for r in runs
+            if "pool" in r["workloads"]
+            and bool(r.get("pool")) == pool
+            and r.get("servers", 1) == servers
+        ]
+        cells = [_cell(_values(chosen, key)) for _, key in metrics]
+        rate = cells[0]["median"] if cells[0] is not None else None
+        if base is None:
+            base = rate
+        filled = filled or rate is not None
+        ratio = "—" if rate is None or not base else f"{rate / base:.2f}x"
+        client = "RolloutClientPool" if pool else "RolloutClient"
+        noun = "server" if servers == 1 else "servers"
+        lines.append(
+            f"| {client} → {servers} {noun} | "
+            + " | ".join(_show(cell) for cell in cells)
+            + f" | {ratio} |"
+        )
+    return "\n".join(lines) if filled else None

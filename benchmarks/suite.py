@@ -11,6 +11,9 @@ Workloads (each repeated ``repetitions`` times; every run has a fresh server pro
 - ``cpu``: server and client CPU per rollout at concurrency 512 (the throughput runs at
   that concurrency serve it when both are selected).
 - ``cross``: our client against the osmosis server and the osmosis client against ours.
+- ``pool``: our stack only: ``RolloutClientPool`` over two servers (a ``rollout-server
+  serve`` process each) against one server, at concurrency 64, next to the plain
+  ``RolloutClient`` over one server.
 
 Runs alternate the stacks (ours first in even repetitions, osmosis first in odd ones) so
 that drifting background load hits both alike.
@@ -26,6 +29,7 @@ from typing import Any, Final
 
 __all__ = [
     "FLOOR",
+    "POOL_SHAPES",
     "STACKS",
     "WORKLOADS",
     "Profile",
@@ -37,7 +41,9 @@ __all__ = [
 STACKS: Final = ("ours", "osmosis")
 FLOOR: Final = "floor"
 """The server of the HTTP-floor runs (``benchmarks.apps.floor_app``), driven by our client."""
-WORKLOADS: Final = ("throughput", "notify", "inflight", "cpu", "cross")
+WORKLOADS: Final = ("throughput", "notify", "inflight", "cpu", "cross", "pool")
+POOL_SHAPES: Final = ((False, 1), (True, 1), (True, 2))
+"""The ``pool`` workload's runs: (whether the client is a pool, how many servers)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +70,8 @@ class Profile:
         cpu_count: Measured rollouts per CPU run (when not served by a throughput run).
         cross_concurrency: Client concurrency of the cross pairs.
         cross_count: Measured rollouts per cross run.
+        pool_concurrency: Client concurrency of the pool runs.
+        pool_count: Measured rollouts per pool run.
     """
 
     name: str
@@ -82,6 +90,8 @@ class Profile:
     cpu_count: int
     cross_concurrency: int
     cross_count: int
+    pool_concurrency: int
+    pool_count: int
 
     def with_overrides(self, **changes: Any) -> Profile:
         """A copy with the given attributes replaced (None values are ignored)."""
@@ -105,6 +115,8 @@ FULL: Final = Profile(
     cpu_count=2000,
     cross_concurrency=64,
     cross_count=2000,
+    pool_concurrency=64,
+    pool_count=2000,
 )
 
 QUICK: Final = Profile(
@@ -124,6 +136,8 @@ QUICK: Final = Profile(
     cpu_count=512,
     cross_concurrency=64,
     cross_count=128,
+    pool_concurrency=64,
+    pool_count=200,
 )
 
 TINY: Final = Profile(
@@ -143,6 +157,8 @@ TINY: Final = Profile(
     cpu_count=8,
     cross_concurrency=2,
     cross_count=4,
+    pool_concurrency=3,
+    pool_count=6,
 )
 
 _PROFILES: Final = {profile.name: profile for profile in (FULL, QUICK, TINY)}
@@ -179,6 +195,9 @@ class RunSpec:
             start and finish in lockstep; 0 starts every worker at once.
         hold_sec, idle_min_sec, settle_sec: In-flight timings, seconds.
         deadline_sec: Bound on the whole load-generator run, seconds.
+        servers: Server processes of ``server`` the run starts (closed loop only).
+        pool: Whether the load generator drives them with ``RolloutClientPool`` (ours
+            only) instead of ``RolloutClient``.
     """
 
     workloads: tuple[str, ...]
@@ -195,6 +214,8 @@ class RunSpec:
     idle_min_sec: float = 0.0
     settle_sec: float = 0.0
     deadline_sec: float = 600.0
+    servers: int = 1
+    pool: bool = False
 
     @property
     def label(self) -> str:
@@ -202,17 +223,18 @@ class RunSpec:
         size = f"c{self.concurrency}" if self.shape == "closed" else f"n{self.count}"
         if self.stagger_sec:
             size += "-staggered"
+        if self.pool:
+            size += f"-pool{self.servers}"
         return f"{self.workloads[0]}-{self.client}-{self.server}-{size}-r{self.repetition}"
 
-    def loadgen_args(self, *, url: str, server_pid: int, loop: str) -> list[str]:
-        """The load generator's command-line arguments for this run."""
-        args = [
-            "--client",
-            self.client,
-            "--url",
-            url,
-            "--server-pid",
-            str(server_pid),
+    def loadgen_args(self, *, urls: list[str], server_pids: list[int], loop: str) -> list[str]:
+        """The load generator's command-line arguments for this run (a server each URL)."""
+        args = ["--client", self.client]
+        for url, pid in zip(urls, server_pids, strict=True):
+            args += ["--url", url, "--server-pid", str(pid)]
+        if self.pool:
+            args.append("--pool")
+        args += [
             "--shape",
             self.shape,
             "--count",
@@ -254,7 +276,8 @@ def plan_runs(
 
     Returns:
         The runs, repetition by repetition, stacks alternating; in-flight runs against
-        :data:`FLOOR` follow our stack's.
+        :data:`FLOOR` follow our stack's; the pool runs (ours only, :data:`POOL_SHAPES`)
+        end each repetition.
 
     Raises:
         ValueError: For an unknown workload or stack.
@@ -364,6 +387,26 @@ def plan_runs(
                         warmup=warmup,
                         deadline_sec=_closed_deadline(
                             p.cross_count, p.cross_concurrency, 0.0, warmup
+                        ),
+                    )
+                )
+        if "pool" in workloads and "ours" in stacks:
+            warmup = max(p.warmup_min, p.pool_concurrency)
+            for pool, servers in POOL_SHAPES:
+                runs.append(
+                    RunSpec(
+                        workloads=("pool",),
+                        client="ours",
+                        server="ours",
+                        shape="closed",
+                        repetition=rep,
+                        count=p.pool_count,
+                        concurrency=p.pool_concurrency,
+                        warmup=warmup,
+                        servers=servers,
+                        pool=pool,
+                        deadline_sec=_closed_deadline(
+                            p.pool_count, p.pool_concurrency, 0.0, warmup
                         ),
                     )
                 )

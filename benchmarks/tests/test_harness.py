@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks.report import Target, floor_table, rows_for, summary_records, validate_record
 from benchmarks.stats import percentile, summarize
-from benchmarks.suite import FLOOR, FULL, QUICK, TINY, plan_runs
+from benchmarks.suite import FLOOR, FULL, POOL_SHAPES, QUICK, TINY, plan_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 OSMOSIS_PYTHON_ENV = "ROLLOUT_INTEROP_OSMOSIS_PYTHON"
@@ -111,6 +111,24 @@ class TestPlanRuns:
         servers = [r.server for r in plan_runs(TINY, ("inflight",), ("osmosis", "ours"))]
         assert servers == ["osmosis", "ours", FLOOR]
         assert [r.server for r in plan_runs(TINY, ("inflight",), ("osmosis",))] == ["osmosis"]
+
+    def test_pool_runs_with_our_stack_only(self) -> None:
+        """The pool workload runs our client, then our pool over one and two servers, each
+        at the pool concurrency; it is left out without our stack."""
+        runs = plan_runs(FULL, ("pool",), ("ours", "osmosis"))
+        assert [(r.pool, r.servers) for r in runs] == list(POOL_SHAPES) * FULL.repetitions
+        assert {(r.client, r.server, r.concurrency, r.count) for r in runs} == {
+            ("ours", "ours", 64, FULL.pool_count)
+        }
+        assert plan_runs(FULL, ("pool",), ("osmosis",)) == []
+
+    def test_pool_run_passes_every_server_to_the_load_generator(self) -> None:
+        """A pool run's load generator gets each server's URL and PID, and --pool."""
+        (_, _, two) = plan_runs(TINY, ("pool",), ("ours",))
+        args = two.loadgen_args(urls=["http://a", "http://b"], server_pids=[1, 2], loop="auto")
+        joined = " ".join(args)
+        assert "--url http://a --server-pid 1 --url http://b --server-pid 2 --pool" in joined
+        assert two.label == "pool-ours-ours-c3-pool2-r0"
 
     def test_cross_needs_both_stacks(self) -> None:
         """Cross pairs are left out when only one stack is selected."""
@@ -219,6 +237,7 @@ class TestTinySuite:
             "notify",
             "inflight",
             "cpu",
+            "pool",
         }
         assert {r["rollouts_per_sec"] > 0 for r in runs if r["shape"] == "closed"} == {True}
         assert {r["admitted"] for r in runs if r["shape"] == "inflight"} == {
@@ -230,6 +249,9 @@ class TestTinySuite:
         table = (tmp_path / "latest.md").read_text("utf-8")
         assert "| workload | metric | ours | osmosis-ai 0.3.8 |" in table
         assert "| our client, in flight | bare aiohttp (floor) | ours |" in table
+        pool_runs = [r for r in runs if r["workloads"] == ["pool"]]
+        assert [(r["pool"], r["servers"]) for r in pool_runs] == list(POOL_SHAPES)
+        assert "| RolloutClientPool → 2 servers |" in table
 
     @pytest.mark.osmosis
     def test_both_stacks_and_cross_pairs(self, tmp_path: Path) -> None:

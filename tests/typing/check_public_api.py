@@ -68,6 +68,44 @@ async def _client_usage() -> None:
         del final, phase, latest, awaited, health, code, timeout_error, delays
 
 
+async def _pool_usage() -> None:
+    from rollout_client import (
+        PoolServerStatus,
+        RetrySettings,
+        RolloutClientPool,
+        RolloutHandle,
+        RolloutNotFoundError,
+        RolloutServersUnavailableError,
+    )
+    from rollout_client.testing import override_timing
+    from rollout_types import CancelRolloutsResponse
+
+    async with RolloutClientPool(
+        urls=["http://10.0.0.1:8000", "http://10.0.0.2:8000"],
+        admission_timeout_sec=60,
+        probe_interval_sec=5,
+        retry=RetrySettings(retry_after_max_sec=10.0),
+    ) as pool:
+        override_timing(pool, cancel_timeout_sec=1.0)
+        handle: RolloutHandle = await pool.run_rollout_async(
+            initial_messages=[], chat_completions_url="", rollout_id="r1"
+        )
+        final: RolloutResultResponse = await handle
+        cancelled: CancelRolloutsResponse = await pool.cancel_rollout("r1")
+        report: dict[str, PoolServerStatus] = await pool.health()
+        available: bool = report["http://10.0.0.1:8000"].available
+        process_id: str | None = pool.servers()[0].process_id
+        idle: dict[str, dict[str, object]] = await pool.wait_idle(
+            timeout_sec=120, process_ids={"http://10.0.0.1:8000": "p"}
+        )
+        urls: tuple[str, ...] = pool.urls
+        reasons: dict[str, str] = RolloutServersUnavailableError(
+            "x", rollout_id="r1", reasons={}
+        ).reasons
+        lookup: LookupError = RolloutNotFoundError("x")
+        del final, cancelled, available, process_id, idle, urls, reasons, lookup
+
+
 # -- rollout_server: a workflow, a grader, LocalBackend and the app factory -----------------
 def _server_usage() -> None:
     from aiohttp import web

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 import rollout_client.testing
-from rollout_client import RetrySettings, RolloutClient, RolloutProtocolError
+from rollout_client import RetrySettings, RolloutClient, RolloutClientPool, RolloutProtocolError
 from rollout_client.testing import override_timing
 
 from .conftest import drop, init_body, json_response, result_body, scripted
@@ -211,7 +211,29 @@ class TestOverrideTiming:
         with pytest.raises(error):
             override_timing(client, **kwargs)
 
+    async def test_a_pool_changes_every_servers_client(self, serve):
+        """On a RolloutClientPool the sleep reaches the client of each server: a rollout on
+        each of two servers whose first poll is dropped backs off through it once."""
+        health = web.get("/health", lambda r: json_response({"status": "ok"}))
+        first = await serve(
+            *polled_routes(drop, lambda r: json_response(result_body("r1"))), health
+        )
+        second = await serve(
+            *polled_routes(drop, lambda r: json_response(result_body("r1"))), health
+        )
+        delays: list[float] = []
+
+        async def sleep(delay: float) -> None:
+            delays.append(delay)
+
+        async with RolloutClientPool(urls=[first.url, second.url]) as pool:
+            override_timing(pool, sleep=sleep)
+            for _ in range(2):  # the second run goes to the other server (round-robin)
+                assert (await pool.run_rollout(MESSAGES, "u", "r1")).status == "success"
+        assert delays == [0.1, 0.1]
+        assert len(first.seen("GET", "/rollout/")) == len(second.seen("GET", "/rollout/")) == 2
+
     def test_needs_a_client(self):
-        """Only a RolloutClient can be configured."""
+        """Only a RolloutClient or a RolloutClientPool can be configured."""
         with pytest.raises(TypeError, match="RolloutClient"):
             override_timing(object())  # type: ignore[arg-type]

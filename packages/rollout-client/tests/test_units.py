@@ -15,20 +15,26 @@ from rollout_client import (
     RetrySettings,
     RolloutAdmissionTimeoutError,
     RolloutClientError,
+    RolloutNotFoundError,
     RolloutProtocolError,
     RolloutProtocolVersionError,
+    RolloutServersUnavailableError,
 )
 from rollout_client._retry import next_delay, parse_retry_after, retry_fits_lease
 from rollout_client._transport import TransportFailure, check_protocol_version, classify
 
 EXPECTED_ALL = [
+    "PoolServerStatus",
     "RetrySettings",
     "RolloutAdmissionTimeoutError",
     "RolloutClient",
     "RolloutClientError",
+    "RolloutClientPool",
     "RolloutHandle",
+    "RolloutNotFoundError",
     "RolloutProtocolError",
     "RolloutProtocolVersionError",
+    "RolloutServersUnavailableError",
     "__version__",
 ]
 
@@ -54,6 +60,10 @@ class TestErrors:
         assert issubclass(RolloutProtocolVersionError, RolloutProtocolError)
         assert issubclass(RolloutAdmissionTimeoutError, TimeoutError)
         assert issubclass(RolloutAdmissionTimeoutError, RolloutClientError)
+        assert issubclass(RolloutServersUnavailableError, RolloutClientError)
+        assert issubclass(RolloutServersUnavailableError, ConnectionError)
+        assert issubclass(RolloutNotFoundError, RolloutClientError)
+        assert issubclass(RolloutNotFoundError, LookupError)
 
     def test_pickle_round_trip(self):
         """Errors survive pickling with their attributes (process pools, logging)."""
@@ -63,6 +73,10 @@ class TestErrors:
                 "v", status_code=426, client_version="1.0", server_version="2.0"
             ),
             RolloutAdmissionTimeoutError("t", rollout_id="r", may_have_succeeded=True),
+            RolloutServersUnavailableError(
+                "u", rollout_id="r", reasons={"http://127.0.0.1:1": "refused"}
+            ),
+            RolloutNotFoundError("n"),
         ]
         for error in errors:
             copy = pickle.loads(pickle.dumps(error))  # noqa: S301 - our own objects

@@ -1,4 +1,5 @@
-"""Caller side of the rollout protocol: ``RolloutClient`` and the awaitable ``RolloutHandle``.
+"""Caller side of the rollout protocol: ``RolloutClient``, the awaitable ``RolloutHandle``
+and ``RolloutClientPool`` over several servers.
 
 ``rollout_client.eval`` is the ``rollout-eval`` job as a library; ``rollout_client.testing``
 holds hooks for tests (instant sleeps, a simulated clock).
@@ -10,22 +11,29 @@ from ._client import RolloutClient
 from ._errors import (
     RolloutAdmissionTimeoutError,
     RolloutClientError,
+    RolloutNotFoundError,
     RolloutProtocolError,
     RolloutProtocolVersionError,
+    RolloutServersUnavailableError,
 )
 from ._handle import RolloutHandle
+from ._pool import PoolServerStatus, RolloutClientPool
 from ._retry import RetrySettings
 from ._version import VERSION
 
 __version__ = VERSION
 
 __all__ = [
+    "PoolServerStatus",
     "RetrySettings",
     "RolloutAdmissionTimeoutError",
     "RolloutClient",
     "RolloutClientError",
+    "RolloutClientPool",
     "RolloutHandle",
+    "RolloutNotFoundError",
     "RolloutProtocolError",
     "RolloutProtocolVersionError",
+    "RolloutServersUnavailableError",
     "__version__",
 ]

@@ -1,9 +1,13 @@
 """Admission (``POST /rollout``, wire protocol section 6.2): the request, checked as the
-server would check it, the 429 loop under the admission deadline, and the answer."""
+server would check it, one send, the admission deadline, the 429 loop under it, and the
+answer. :class:`RolloutClient` admits through :func:`admit`; ``RolloutClientPool`` sends
+single attempts to the server it picks, under the same deadline."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from rollout_types import (
@@ -11,6 +15,7 @@ from rollout_types import (
     RolloutInitRequest,
     RolloutInitResponse,
     WireValidationError,
+    dumps,
     loads,
     structure_wire,
 )
@@ -25,7 +30,14 @@ from ._retry import parse_retry_after
 from ._settings import ClientSettings
 from ._transport import HttpResponse, Transport
 
-__all__ = ["admission_answer", "admit", "build_request"]
+__all__ = [
+    "AdmissionAttempt",
+    "admission_answer",
+    "admission_deadline",
+    "admit",
+    "request_body",
+    "send_admission",
+]
 
 _MAY_HAVE_SUCCEEDED: Final = (
     "; admission may have succeeded; the server requests cancellation when an unobserved "
@@ -40,7 +52,7 @@ _ADMISSION_HINTS: Final = {
 }
 
 
-def build_request(
+def request_body(
     *,
     initial_messages: list[dict[str, Any]],
     chat_completions_url: str,
@@ -52,12 +64,13 @@ def build_request(
     agent_timeout_sec: float | None,
     grader_timeout_sec: float | None,
     extra_fields: dict[str, Any] | None,
-) -> RolloutInitRequest:
-    """Build the admission body and validate it as the server would (spec section 3.2).
+) -> bytes:
+    """The admission body as JSON bytes, validated as the server would (spec section 3.2).
 
     Raises:
         TypeError: An argument has the wrong type.
-        ValueError: A timeout is not finite, or the wire model rejects a value.
+        ValueError: A timeout is not finite, the wire model rejects a value, or a value is
+            not finite JSON.
     """
     checks: tuple[tuple[str, object, type | tuple[type, ...], bool], ...] = (
         ("rollout_id", rollout_id, str, False),
@@ -82,7 +95,7 @@ def build_request(
     ):
         if seconds is not None:
             check_seconds(name, seconds, positive=False)
-    return RolloutInitRequest(
+    request = RolloutInitRequest(
         initial_messages=initial_messages,
         rollout_id=rollout_id,
         chat_completions_url=chat_completions_url,
@@ -94,6 +107,84 @@ def build_request(
         grader_timeout_sec=grader_timeout_sec,
         extra_fields=extra_fields,
     )
+    try:
+        return dumps(request).encode()
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"the request for rollout {rollout_id!r} is not valid JSON: {exc}; "
+            "messages, metadata and extra_fields must hold finite JSON values only"
+        ) from exc
+
+
+async def send_admission(
+    transport: Transport, settings: ClientSettings, body: bytes
+) -> tuple[HttpResponse, float]:
+    """One ``POST /rollout``, each read bounded by ``settings.admission_read_timeout_sec``.
+
+    Returns:
+        The answer, whatever its status, and the send time (on ``settings.clock``).
+
+    Raises:
+        aiohttp.ClientError: The POST failed on a transport error.
+    """
+    sent_at = settings.clock()
+    read_sec = settings.admission_read_timeout_sec
+    response = await transport.send(
+        "POST",
+        transport.url("rollout"),
+        body=body,
+        timeout=settings.timeout(read_sec=read_sec, pool_sec=read_sec),
+    )
+    return response, sent_at
+
+
+class AdmissionAttempt:
+    """Whether a ``POST /rollout`` is on its way: set it around each send, so that an
+    expired deadline can say whether the rollout may have been admitted."""
+
+    def __init__(self) -> None:
+        self.in_flight = False
+
+
+@contextlib.asynccontextmanager
+async def admission_deadline(
+    rollout_id: str, timeout_sec: float | None
+) -> AsyncIterator[AdmissionAttempt]:
+    """Bound the admission inside the ``async with`` to ``timeout_sec``.
+
+    Args:
+        rollout_id: The rollout being admitted (named in the error).
+        timeout_sec: The admission deadline, seconds; None for none; <= 0 expires at once
+            (before anything is sent).
+
+    Yields:
+        The attempt flag to set around each send.
+
+    Raises:
+        RolloutAdmissionTimeoutError: ``timeout_sec`` expired; ``may_have_succeeded`` is the
+            attempt flag at that moment.
+    """
+    if timeout_sec is not None and timeout_sec <= 0:
+        raise RolloutAdmissionTimeoutError(
+            f"admission for rollout {rollout_id} timed out after {timeout_sec} seconds",
+            rollout_id=rollout_id,
+            may_have_succeeded=False,
+        )
+    loop = asyncio.get_running_loop()
+    scope = asyncio.timeout_at(None if timeout_sec is None else loop.time() + timeout_sec)
+    attempt = AdmissionAttempt()
+    try:
+        async with scope:
+            yield attempt
+    except TimeoutError as exc:
+        if not scope.expired():
+            raise
+        raise RolloutAdmissionTimeoutError(
+            f"admission for rollout {rollout_id} timed out after {timeout_sec} seconds"
+            + (_MAY_HAVE_SUCCEEDED if attempt.in_flight else ""),
+            rollout_id=rollout_id,
+            may_have_succeeded=attempt.in_flight,
+        ) from exc
 
 
 async def admit(
@@ -123,42 +214,15 @@ async def admit(
         RolloutProtocolError: Any status but 202 and 429, or an invalid 202 body.
         aiohttp.ClientError: The POST failed on a transport error (never retried).
     """
-    if timeout_sec is not None and timeout_sec <= 0:
-        raise RolloutAdmissionTimeoutError(
-            f"admission for rollout {rollout_id} timed out after {timeout_sec} seconds",
-            rollout_id=rollout_id,
-            may_have_succeeded=False,
-        )
-    url = transport.url("rollout")
-    read_sec = settings.admission_read_timeout_sec
-    loop = asyncio.get_running_loop()
-    scope = asyncio.timeout_at(None if timeout_sec is None else loop.time() + timeout_sec)
-    in_flight = False
-    try:
-        async with scope:
-            while True:
-                sent_at = settings.clock()
-                in_flight = True
-                response = await transport.send(
-                    "POST",
-                    url,
-                    body=body,
-                    timeout=settings.timeout(read_sec=read_sec, pool_sec=read_sec),
-                )
-                in_flight = False
-                if response.status == 429:
-                    await settings.sleep(parse_retry_after(response.headers, settings.retry))
-                    continue
-                return admission_answer(rollout_id, response), sent_at
-    except TimeoutError as exc:
-        if not scope.expired():
-            raise
-        raise RolloutAdmissionTimeoutError(
-            f"admission for rollout {rollout_id} timed out after {timeout_sec} seconds"
-            + (_MAY_HAVE_SUCCEEDED if in_flight else ""),
-            rollout_id=rollout_id,
-            may_have_succeeded=in_flight,
-        ) from exc
+    async with admission_deadline(rollout_id, timeout_sec) as attempt:
+        while True:
+            attempt.in_flight = True
+            response, sent_at = await send_admission(transport, settings, body)
+            attempt.in_flight = False
+            if response.status == 429:
+                await settings.sleep(parse_retry_after(response.headers, settings.retry))
+                continue
+            return admission_answer(rollout_id, response), sent_at
 
 
 def admission_answer(rollout_id: str, response: HttpResponse) -> RolloutInitResponse:

@@ -8,11 +8,11 @@ from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
-import attrs
 
 from rollout_types import (
     CancelRolloutsRequest,
     CancelRolloutsResponse,
+    RolloutInitResponse,
     RolloutResultResponse,
     WireValidationError,
     dumps,
@@ -20,15 +20,15 @@ from rollout_types import (
     structure_wire,
 )
 
-from ._admission import admit, build_request
+from ._admission import admit, request_body, send_admission
 from ._checks import check_api_key, check_seconds
 from ._errors import RolloutProtocolError, RolloutProtocolVersionError
 from ._handle import RolloutHandle
 from ._health import check_identity, health_payload, lifecycle_of
 from ._polling import Lease, poll_until_terminal
 from ._retry import WAIT_IDLE_RETRY_STATUSES, RetrySettings
-from ._settings import DEFAULT_SETTINGS, ClientSettings
-from ._transport import Transport
+from ._settings import ClientSettings, settings_with
+from ._transport import HttpResponse, Transport
 
 __all__ = ["RolloutClient"]
 
@@ -107,9 +107,7 @@ class RolloutClient:
             else check_seconds("admission_timeout_sec", admission_timeout_sec, positive=False)
         )
         self._transport = Transport(url=url, api_key=check_api_key(api_key), session=http_client)
-        self._settings: ClientSettings = (
-            DEFAULT_SETTINGS if retry is None else attrs.evolve(DEFAULT_SETTINGS, retry=retry)
-        )
+        self._settings: ClientSettings = settings_with(retry)
         self._handles: set[RolloutHandle] = set()
         self._closed = False
 
@@ -246,7 +244,7 @@ class RolloutClient:
             aiohttp.ClientError: The POST failed on a transport error (not retried).
         """
         self._check_open()
-        request = build_request(
+        body = request_body(
             initial_messages=initial_messages,
             chat_completions_url=chat_completions_url,
             rollout_id=rollout_id,
@@ -258,13 +256,6 @@ class RolloutClient:
             grader_timeout_sec=grader_timeout_sec,
             extra_fields=extra_fields,
         )
-        try:
-            body = dumps(request).encode()
-        except (ValueError, TypeError) as exc:
-            raise ValueError(
-                f"the request for rollout {rollout_id!r} is not valid JSON: {exc}; "
-                "messages, metadata and extra_fields must hold finite JSON values only"
-            ) from exc
         admitted, sent_at = await admit(
             self._transport,
             self._settings,
@@ -272,6 +263,20 @@ class RolloutClient:
             body=body,
             timeout_sec=self._admission_timeout_sec,
         )
+        return self._start_polling(admitted, sent_at)
+
+    # -- seams of RolloutClientPool, which routes each admission itself -----------------
+
+    async def _send_admission(self, body: bytes) -> tuple[HttpResponse, float]:
+        """One ``POST /rollout`` to this client's server (no 429 retry, no deadline)."""
+        return await send_admission(self._transport, self._settings, body)
+
+    def _start_polling(self, admitted: RolloutInitResponse, sent_at: float) -> RolloutHandle:
+        """The handle of an admitted rollout, polling this client's server in the background.
+
+        ``sent_at`` is the send time (``settings.clock``) of the admission that answered.
+        """
+        rollout_id = admitted.rollout_id
         lease = Lease(
             token=admitted.polling_lease_token,
             result_wait_timeout_sec=admitted.result_wait_timeout_sec,

@@ -11,8 +11,10 @@ from __future__ import annotations
 __all__ = [
     "RolloutAdmissionTimeoutError",
     "RolloutClientError",
+    "RolloutNotFoundError",
     "RolloutProtocolError",
     "RolloutProtocolVersionError",
+    "RolloutServersUnavailableError",
 ]
 
 
@@ -101,3 +103,29 @@ def _rebuild_admission_error(
     return RolloutAdmissionTimeoutError(
         message, rollout_id=rollout_id, may_have_succeeded=may_have_succeeded
     )
+
+
+class RolloutServersUnavailableError(RolloutClientError, ConnectionError):
+    """No server of a :class:`RolloutClientPool` can take a rollout.
+
+    ``reasons`` maps each server's URL to why it cannot (unreachable, shutting down, failed
+    its health probe, ...); ``rollout_id`` is the rollout that was being admitted.
+    """
+
+    def __init__(self, message: str, *, rollout_id: str, reasons: dict[str, str]) -> None:
+        super().__init__(message)
+        self.rollout_id = rollout_id
+        self.reasons = reasons
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_unavailable_error, (str(self), self.rollout_id, self.reasons))
+
+
+def _rebuild_unavailable_error(
+    message: str, rollout_id: str, reasons: dict[str, str]
+) -> RolloutServersUnavailableError:
+    return RolloutServersUnavailableError(message, rollout_id=rollout_id, reasons=reasons)
+
+
+class RolloutNotFoundError(RolloutClientError, LookupError):
+    """A :class:`RolloutClientPool` does not know which server admitted this rollout id."""

@@ -26,6 +26,7 @@ __all__ = [
     "RESULT_READ_GRACE_SEC",
     "UNKNOWN_STATUS_REPOLL_SEC",
     "ClientSettings",
+    "settings_with",
 ]
 
 RESULT_READ_GRACE_SEC: Final = 10.0
@@ -81,3 +82,8 @@ class ClientSettings:
 
 DEFAULT_SETTINGS: Final = ClientSettings()
 """The protocol's timings and schedules."""
+
+
+def settings_with(retry: RetrySettings | None) -> ClientSettings:
+    """The protocol's timings with ``retry``'s schedules (None: the protocol's too)."""
+    return DEFAULT_SETTINGS if retry is None else attrs.evolve(DEFAULT_SETTINGS, retry=retry)

@@ -1,4 +1,5 @@
-"""Hooks for tests of code that uses :class:`~rollout_client.RolloutClient`.
+"""Hooks for tests of code that uses :class:`~rollout_client.RolloutClient` or
+:class:`~rollout_client.RolloutClientPool`.
 
 Production code needs none of this: the client's timings are the protocol's. Tests use
 :func:`override_timing` to make backoff sleeps instant, to drive the lease clock themselves,
@@ -15,12 +16,13 @@ import attrs
 
 from ._checks import check_seconds
 from ._client import RolloutClient
+from ._pool import RolloutClientPool
 
 __all__ = ["override_timing"]
 
 
 def override_timing(
-    client: RolloutClient,
+    client: RolloutClient | RolloutClientPool,
     *,
     sleep: Callable[[float], Awaitable[None]] | None = None,
     clock: Callable[[], float] | None = None,
@@ -30,10 +32,11 @@ def override_timing(
     """Replace the sleep, the clock or a bound of ``client``; None keeps the current one.
 
     Call it right after creating the client: a rollout already admitted keeps the timing
-    it was admitted with; later admissions and calls use the new one.
+    it was admitted with; later admissions and calls use the new one. For a pool it
+    changes the client of every server and the pool's own waits (429s) alike.
 
     Args:
-        client: The client to change.
+        client: The client (or pool) to change.
         sleep: Awaited for every backoff (poll retries, 429 ``Retry-After``,
             :meth:`~rollout_client.RolloutClient.wait_idle` intervals, re-polls of an
             unknown status) with the delay in seconds; default :func:`asyncio.sleep`. An
@@ -49,15 +52,18 @@ def override_timing(
             :meth:`~rollout_client.RolloutClient.cancel_rollout`; finite and > 0; default 5.
 
     Raises:
-        TypeError: ``client`` is not a :class:`~rollout_client.RolloutClient`, or
-            ``sleep`` / ``clock`` is not callable.
+        TypeError: ``client`` is not a :class:`~rollout_client.RolloutClient` or
+            :class:`~rollout_client.RolloutClientPool`, or ``sleep`` / ``clock`` is not
+            callable.
         ValueError: A bound is not a finite number > 0.
 
     .. versionadded:: 0.2
     """
     given: object = client
-    if not isinstance(given, RolloutClient):
-        raise TypeError(f"client must be a RolloutClient; got {type(given).__name__}")
+    if not isinstance(given, RolloutClient | RolloutClientPool):
+        raise TypeError(
+            f"client must be a RolloutClient or RolloutClientPool; got {type(given).__name__}"
+        )
     changes: dict[str, Any] = {}
     for name, hook in (("sleep", sleep), ("clock", clock)):
         if hook is not None:
@@ -70,4 +76,7 @@ def override_timing(
     ):
         if seconds is not None:
             changes[name] = check_seconds(name, seconds, positive=True)
-    client._settings = attrs.evolve(client._settings, **changes)
+    if isinstance(client, RolloutClientPool):
+        client._override_settings(**changes)
+    else:
+        client._settings = attrs.evolve(client._settings, **changes)

@@ -75,6 +75,14 @@ class TestOptions:
         assert options.deadline_sec() == 95.0
         assert "s3cret" not in repr(options)
 
+    def test_server_may_repeat(self, dataset: Path) -> None:
+        """--server given several times names the first server and the extra ones."""
+        args = build_parser().parse_args(run_args(dataset, "--server", "http://127.0.0.1:10"))
+        options = options_from_args(args)
+        assert options.server_url == "http://127.0.0.1:9"
+        assert options.extra_server_urls == ("http://127.0.0.1:10",)
+        assert options.server_urls == ("http://127.0.0.1:9", "http://127.0.0.1:10")
+
     def test_resume_and_fresh_are_exclusive(self, dataset: Path) -> None:
         """--resume and --fresh together are a usage error."""
         with pytest.raises(SystemExit) as caught:

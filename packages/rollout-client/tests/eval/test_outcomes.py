@@ -123,20 +123,33 @@ class TestChooseConcurrency:
     def test_option_wins(self) -> None:
         """--concurrency beats the server's capacity."""
         health = {"concurrency": {"max_concurrent": 8}}
-        assert choose_concurrency(self.options(3), health, pending=100) == (3, None)
+        assert choose_concurrency(self.options(3), [health], pending=100) == (3, None)
 
     def test_server_capacity(self) -> None:
         """Without --concurrency the server's reported capacity is used."""
         health = {"concurrency": {"max_concurrent": 8}}
-        assert choose_concurrency(self.options(), health, pending=100) == (8, None)
+        assert choose_concurrency(self.options(), [health], pending=100) == (8, None)
 
     def test_default_without_limit_is_noted(self) -> None:
         """A server without a limit gives 32 at a time, with a note saying so."""
-        concurrency, note = choose_concurrency(self.options(), {}, pending=100)
+        concurrency, note = choose_concurrency(self.options(), [{}], pending=100)
         assert concurrency == 32
         assert note is not None
         assert "--concurrency" in note
 
     def test_never_more_than_pending(self) -> None:
         """No more workers than pending items."""
-        assert choose_concurrency(self.options(50), {}, pending=4) == (4, None)
+        assert choose_concurrency(self.options(50), [{}], pending=4) == (4, None)
+
+    def test_servers_capacities_add_up(self) -> None:
+        """Several servers' reported capacities add up to the default concurrency."""
+        healths = [{"concurrency": {"max_concurrent": 8}}, {"max_queue_depth": 3}]
+        assert choose_concurrency(self.options(), healths, pending=100) == (11, None)
+
+    def test_one_server_without_limit_gives_the_default(self) -> None:
+        """When one of several servers reports no capacity, 32 at a time, with a note."""
+        healths = [{"concurrency": {"max_concurrent": 8}}, {}]
+        concurrency, note = choose_concurrency(self.options(), healths, pending=100)
+        assert concurrency == 32
+        assert note is not None
+        assert "a server reports no concurrency limit" in note

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rollout_client import RolloutClient
 from rollout_client.eval import (
     EvalInputError,
     EvalOptions,
@@ -203,6 +204,25 @@ class TestRunEval:
         assert report.exit_code == 0
         assert server.max_in_flight == 2
         assert report.summary["run"]["concurrency"] == 2
+
+    async def test_several_servers_run_through_one_pool_client(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """With extra servers each is checked on its own, their capacities add up, and the
+        rollouts and their cancels go through one client built with every URL."""
+        server = fakes.FakeServer(by_label({}))
+        urls = ("http://127.0.0.1:9", "http://127.0.0.1:10", "http://127.0.0.1:11")
+        report = await run_eval(
+            options(dataset, tmp_path, extra_server_urls=urls[1:]),
+            stream=io.StringIO(),
+            client_factory=server.factory,
+        )
+        assert report.exit_code == 0
+        assert [kwargs.get("url") for kwargs in server.client_kwargs[:3]] == list(urls)
+        (pool_kwargs,) = server.client_kwargs[3:]
+        assert pool_kwargs["urls"] == urls
+        assert report.summary["run"]["concurrency"] == 5  # 3 x 3 capacity, 5 items
+        assert report.summary["run"]["server_urls"] == list(urls)
 
     async def test_remove_sample_is_skipped(
         self, fakes: Any, dataset: Path, tmp_path: Path
@@ -433,6 +453,34 @@ class TestServerChecks:
         with pytest.raises(EvalInputError, match="--concurrency"):
             await run_eval(options(dataset, tmp_path, concurrency=0), stream=io.StringIO())
         assert not (tmp_path / "out").exists()
+
+    async def test_a_server_listed_twice_is_refused(self, dataset: Path, tmp_path: Path) -> None:
+        """The same --server twice (trailing slash aside) raises EvalInputError."""
+        with pytest.raises(EvalInputError, match="--server lists a URL twice"):
+            await run_eval(
+                options(dataset, tmp_path, extra_server_urls=("http://127.0.0.1:9/",)),
+                stream=io.StringIO(),
+            )
+
+    async def test_each_server_is_checked_before_any_rollout(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """An unreachable extra server fails the run before any rollout, naming it."""
+        server = fakes.FakeServer(by_label({}))
+        unreachable = "http://127.0.0.1:10"
+
+        def factory(**kwargs: Any) -> Any:
+            if kwargs.get("url") == unreachable:
+                return RolloutClient(**kwargs)  # nobody listens there
+            return server.factory(**kwargs)
+
+        with pytest.raises(ServerUnavailableError, match=f"rollout server at {unreachable} "):
+            await run_eval(
+                options(dataset, tmp_path, extra_server_urls=(unreachable,)),
+                stream=io.StringIO(),
+                client_factory=factory,
+            )
+        assert server.requests == []
 
 
 class TestClassify:

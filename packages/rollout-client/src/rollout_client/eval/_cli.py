@@ -1,7 +1,8 @@
 """The ``rollout-eval`` command.
 
 ``rollout-eval run DATASET --server URL --chat-url URL [options]`` drives every row of a
-dataset (``--n`` times) through a rollout server and writes ``OUTPUT/NAME/``:
+dataset (``--n`` times) through a rollout server (``--server`` repeated: several servers,
+through a ``RolloutClientPool``) and writes ``OUTPUT/NAME/``:
 
 * ``manifest.json``: the fingerprint of the inputs (resuming with other inputs is refused);
 * ``events.jsonl``: the append-only, fsynced journal of terminal outcomes (the resume
@@ -95,7 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("dataset", type=Path, metavar="DATASET", help="a .jsonl or .csv file")
-    run.add_argument("--server", required=True, metavar="URL", help="rollout server base URL")
+    run.add_argument(
+        "--server",
+        required=True,
+        action="append",
+        metavar="URL",
+        help="rollout server base URL; repeat it for several servers (rollouts are spread "
+        "over them, a server that fails is left out until it answers again)",
+    )
     run.add_argument(
         "--chat-url",
         required=True,
@@ -239,7 +247,8 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
     """
     options = EvalOptions(
         dataset=args.dataset,
-        server_url=args.server,
+        server_url=args.server[0],
+        extra_server_urls=tuple(args.server[1:]),
         chat_url=args.chat_url,
         server_api_key=_env_key("--server-api-key-env", args.server_api_key_env),
         llm_api_key=_env_key("--llm-api-key-env", args.llm_api_key_env),

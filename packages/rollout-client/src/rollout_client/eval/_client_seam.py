@@ -1,7 +1,8 @@
 """The rollout client as the runner sees it: the calls it makes, and how it builds one.
 
 The runner needs only ``health``, ``run_rollout_async``, ``cancel_rollout`` and ``aclose``
-of :class:`~rollout_client.RolloutClient` and an awaitable handle; ``run_eval``'s
+of :class:`~rollout_client.RolloutClient` (or, over several servers,
+:class:`~rollout_client.RolloutClientPool`) and an awaitable handle; ``run_eval``'s
 ``client_factory`` can put any object with these methods in its place (the unit tests use
 an in-memory fake).
 """
@@ -12,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from .._client import RolloutClient
+from .._pool import RolloutClientPool
 from ._dataset import DatasetRow
 from ._options import EvalOptions
 
@@ -62,12 +64,14 @@ class RunClient(Protocol):
 
 
 ClientFactory = Callable[..., RunClient]
-"""Builds a client: called with ``url``, ``api_key`` and ``admission_timeout_sec``."""
+"""Builds a client: called with ``url`` (or, for several servers, ``urls``), ``api_key`` and
+``admission_timeout_sec``."""
 
 
 def default_client_factory(**kwargs: Any) -> RunClient:
-    """A :class:`~rollout_client.RolloutClient` with its own session."""
-    client: RunClient = RolloutClient(**kwargs)
+    """A :class:`~rollout_client.RolloutClient` with its own session, or for ``urls`` a
+    :class:`~rollout_client.RolloutClientPool`."""
+    client: RunClient = RolloutClientPool(**kwargs) if "urls" in kwargs else RolloutClient(**kwargs)
     return client
 
 

@@ -37,6 +37,9 @@ class EvalOptions:
     Attributes:
         dataset: The JSONL or CSV dataset.
         server_url: Base URL of the rollout server.
+        extra_server_urls: Base URLs of further rollout servers; with any, rollouts are
+            spread over all of them by :class:`~rollout_client.RolloutClientPool`
+            (default none).
         chat_url: OpenAI-compatible base URL of the model (sent as ``chat_completions_url``).
         server_api_key: Bearer key of the rollout server, or None.
         llm_api_key: Key of the chat endpoint (sent as ``llm_api_key``), or None.
@@ -63,6 +66,7 @@ class EvalOptions:
     dataset: Path
     server_url: str
     chat_url: str
+    extra_server_urls: tuple[str, ...] = ()
     server_api_key: str | None = dataclasses.field(default=None, repr=False)
     llm_api_key: str | None = dataclasses.field(default=None, repr=False)
     concurrency: int | None = None
@@ -103,15 +107,26 @@ class EvalOptions:
                 raise EvalInputError(f"{flag} must be a finite number of seconds > 0, got {value}")
         if not math.isfinite(self.pass_threshold):
             raise EvalInputError(f"--pass-threshold must be finite, got {self.pass_threshold}")
-        for flag, url in (("--server", self.server_url), ("--chat-url", self.chat_url)):
+        for flag, url in (
+            *(("--server", server) for server in self.server_urls),
+            ("--chat-url", self.chat_url),
+        ):
             if not url.startswith(("http://", "https://")):
                 raise EvalInputError(f"{flag} must be an http:// or https:// URL, got {url!r}")
+        stripped = [url.rstrip("/") for url in self.server_urls]
+        if len(set(stripped)) != len(stripped):
+            raise EvalInputError(f"--server lists a URL twice: {list(self.server_urls)}")
         if self.name is not None and (
             not self.name.strip() or "/" in self.name or self.name in (".", "..")
         ):
             raise EvalInputError(
                 f"--name must be a plain directory name (no '/'), got {self.name!r}"
             )
+
+    @property
+    def server_urls(self) -> tuple[str, ...]:
+        """Every rollout server: ``server_url`` then ``extra_server_urls``."""
+        return (self.server_url, *self.extra_server_urls)
 
     @property
     def run_name(self) -> str:

@@ -1,10 +1,10 @@
-"""What a run asks before it starts: the models the chat endpoint lists, and whether the
-rollout server is usable and how many rollouts it takes at once."""
+"""What a run asks before it starts: the models the chat endpoint lists, and whether each
+rollout server is usable and how many rollouts the servers take at once."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import aiohttp
@@ -21,7 +21,7 @@ __all__ = [
     "capacity_from_health",
     "choose_concurrency",
     "fetch_chat_models",
-    "probe_server",
+    "probe_servers",
 ]
 
 HEALTH_TIMEOUT_SEC: Final = 10.0
@@ -73,24 +73,28 @@ def capacity_from_health(health: Mapping[str, Any]) -> int | None:
     return None
 
 
-async def probe_server(factory: ClientFactory, options: EvalOptions) -> dict[str, Any]:
-    """Fetch the server's ``/health`` with a client of its own, closed afterwards.
+async def probe_servers(factory: ClientFactory, options: EvalOptions) -> list[dict[str, Any]]:
+    """Fetch each server's ``/health``, one after the other, each with a client of its own,
+    closed afterwards.
 
     Returns:
-        The health payload.
+        The health payloads, in the order of ``options.server_urls``.
 
     Raises:
-        ServerUnavailableError: The server is unreachable, refuses the key, speaks another
-            protocol or answers badly, with what to do about it.
+        ServerUnavailableError: A server is unreachable, refuses the key, speaks another
+            protocol or answers badly, with its URL and what to do about it.
     """
-    probe = factory(url=options.server_url, api_key=options.server_api_key)
-    try:
-        return await _check_server(probe, options)
-    finally:
-        await probe.aclose()
+    healths = []
+    for url in options.server_urls:
+        probe = factory(url=url, api_key=options.server_api_key)
+        try:
+            healths.append(await _check_server(probe, url))
+        finally:
+            await probe.aclose()
+    return healths
 
 
-async def _check_server(client: RunClient, options: EvalOptions) -> dict[str, Any]:
+async def _check_server(client: RunClient, url: str) -> dict[str, Any]:
     try:
         async with asyncio.timeout(HEALTH_TIMEOUT_SEC):
             return await client.health()
@@ -99,29 +103,35 @@ async def _check_server(client: RunClient, options: EvalOptions) -> dict[str, An
     except RolloutProtocolError as exc:
         if exc.status_code == 401:
             raise ServerUnavailableError(
-                f"the rollout server at {options.server_url} requires an API key (401); pass "
+                f"the rollout server at {url} requires an API key (401); pass "
                 "--server-api-key-env NAME with the key in environment variable NAME"
             ) from None
         raise ServerUnavailableError(
-            f"the rollout server at {options.server_url} answered GET /health badly: {exc}"
+            f"the rollout server at {url} answered GET /health badly: {exc}"
         ) from None
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise ServerUnavailableError(
-            f"cannot reach the rollout server at {options.server_url} ({type(exc).__name__}: "
+            f"cannot reach the rollout server at {url} ({type(exc).__name__}: "
             f"{exc}); start it (rollout-server serve MODULE:ATTR) or fix --server"
         ) from None
 
 
 def choose_concurrency(
-    options: EvalOptions, health: Mapping[str, Any], *, pending: int
+    options: EvalOptions, healths: Sequence[Mapping[str, Any]], *, pending: int
 ) -> tuple[int, str | None]:
-    """The rollouts to keep in flight: ``--concurrency``, else the server's capacity, else 32;
-    never more than ``pending``.
+    """The rollouts to keep in flight: ``--concurrency``, else the servers' capacities added
+    up (when every server reports one), else 32; never more than ``pending``.
+
+    Args:
+        options: The run's options.
+        healths: The ``/health`` payload of each server.
+        pending: The work items still to run.
 
     Returns:
-        The concurrency, and a note for the user when the server reports no limit.
+        The concurrency, and a note for the user when a server reports no limit.
     """
-    capacity = capacity_from_health(health)
+    capacities = [capacity_from_health(health) for health in healths]
+    capacity = None if None in capacities else sum(c for c in capacities if c is not None)
     note = None
     if options.concurrency is not None:
         concurrency = options.concurrency
@@ -129,8 +139,9 @@ def choose_concurrency(
         concurrency = capacity
     else:
         concurrency = DEFAULT_CONCURRENCY_WITHOUT_LIMIT
+        which = "the server" if len(healths) == 1 else "a server"
         note = (
-            "rollout-eval: the server reports no concurrency limit; running "
-            f"{concurrency} at a time (set --concurrency to change)"
+            f"rollout-eval: {which} reports no concurrency limit; running {concurrency} at a "
+            "time (set --concurrency to change)"
         )
     return min(concurrency, pending), note

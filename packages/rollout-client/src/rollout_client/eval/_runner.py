@@ -1,11 +1,13 @@
-"""The evaluation runner: every (row, repetition) of a dataset through a rollout server.
+"""The evaluation runner: every (row, repetition) of a dataset through a rollout server
+(or several, through one :class:`~rollout_client.RolloutClientPool`).
 
 :func:`run_eval` does what ``rollout-eval run`` does:
 
 1. Validate the dataset and the options (before any network access or file change).
 2. Open (or create, or with ``fresh`` archive and re-create) ``OUTPUT/NAME/``: refuse to
    resume when the inputs changed (:mod:`._rundir`, :mod:`._manifest`).
-3. Ask the server's ``/health`` for its capacity, the default concurrency (:mod:`._probe`).
+3. Ask each server's ``/health`` for its capacity; their sum is the default concurrency
+   (:mod:`._probe`).
 4. Run the pending work items (:mod:`._scheduler`), at most ``concurrency`` in flight,
    appending every terminal outcome to the journal (:mod:`._recorder`; what each ending
    means is in :mod:`._outcomes`).
@@ -23,14 +25,14 @@ import dataclasses
 from pathlib import Path
 from typing import Any, TextIO
 
-from ._client_seam import ClientFactory, default_client_factory
+from ._client_seam import ClientFactory, RunClient, default_client_factory
 from ._control import RunControl
 from ._dataset import Dataset, load_dataset, parse_row_selection
 from ._errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK
 from ._journal import DONE_OUTCOMES, Journal, JournalRecord, latest_by_item
 from ._manifest import format_rows
 from ._options import EvalOptions
-from ._probe import choose_concurrency, fetch_chat_models, probe_server
+from ._probe import choose_concurrency, fetch_chat_models, probe_servers
 from ._progress import Progress
 from ._recorder import Recorder, preload_progress
 from ._rundir import (
@@ -80,8 +82,9 @@ async def run_eval(
         stream: Where progress and messages go (normally stderr); the summary table is
             returned in the report, not written here.
         control: Lets the caller stop the run (the CLI's Ctrl-C); default: a private one.
-        client_factory: Builds the rollout client (default :class:`RolloutClient`); called
-            with ``url``, ``api_key`` and ``admission_timeout_sec``.
+        client_factory: Builds the rollout client; called with ``url`` (or ``urls`` when
+            there are extra servers), ``api_key`` and ``admission_timeout_sec``; default
+            :class:`RolloutClient` (:class:`RolloutClientPool` for ``urls``).
 
     Returns:
         The report: run directory, summary, exit code and stop reason.
@@ -120,6 +123,7 @@ async def run_eval(
         "rows": format_rows(selected),
         "n": options.n,
         "server_url": options.server_url,
+        **({"server_urls": list(options.server_urls)} if options.extra_server_urls else {}),
         "chat_url": options.chat_url,
         "chat_models": list(chat_models) if chat_models is not None else None,
     }
@@ -193,20 +197,31 @@ async def _run_pending(
     pending: list[tuple[int, int]],
     run_dir: Path,
 ) -> int:
-    """Probe the server, then schedule the pending items; return the concurrency used."""
-    health = await probe_server(factory, options)
-    if not isinstance(health.get("process_id"), str):
-        progress.message(
-            f"rollout-eval: warning: GET {options.server_url}/health has no process_id: is "
-            "--server a rollout server (rollout-server serve, or osmosis-ai >= 0.3.5)?"
-        )
-    concurrency, note = choose_concurrency(options, health, pending=len(pending))
+    """Probe the servers, then schedule the pending items; return the concurrency used."""
+    urls = options.server_urls
+    healths = await probe_servers(factory, options)
+    for url, health in zip(urls, healths, strict=True):
+        if not isinstance(health.get("process_id"), str):
+            progress.message(
+                f"rollout-eval: warning: GET {url}/health has no process_id: is "
+                "--server a rollout server (rollout-server serve, or osmosis-ai >= 0.3.5)?"
+            )
+    concurrency, note = choose_concurrency(options, healths, pending=len(pending))
     if note is not None:
         progress.message(note)
     admission = options.admission_timeout_sec or options.deadline_sec() * max(concurrency, 1)
-    client = factory(
-        url=options.server_url, api_key=options.server_api_key, admission_timeout_sec=admission
-    )
+    key = options.server_api_key
+    if len(urls) == 1:
+        client = factory(url=urls[0], api_key=key, admission_timeout_sec=admission)
+
+        def cancel_client() -> RunClient:
+            return factory(url=urls[0], api_key=key)
+    else:
+        client = factory(urls=urls, api_key=key, admission_timeout_sec=admission)
+
+        def cancel_client() -> RunClient:
+            return client  # only the pool knows which server admitted each rollout
+
     recorder = Recorder(
         journal=journal,
         progress=progress,
@@ -219,16 +234,14 @@ async def _run_pending(
         options=options,
         rows={row.index: row for row in dataset.rows},
         client=client,
-        cancel_client_factory=lambda: factory(
-            url=options.server_url, api_key=options.server_api_key
-        ),
+        cancel_client_factory=cancel_client,
         control=control,
         recorder=recorder,
         progress=progress,
     )
     progress.message(
         f"rollout-eval: run {options.run_name!r}: {len(pending)} rollouts to run against "
-        f"{options.server_url}, {concurrency} at a time; results in {run_dir}"
+        f"{', '.join(urls)}, {concurrency} at a time; results in {run_dir}"
     )
     try:
         progress.draw(force=True)
