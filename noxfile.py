@@ -38,6 +38,9 @@ from compatibility import (
 
 PYTHONS = ["3.11", "3.12", "3.13"]
 TEST_DEPS = ["pytest>=8", "pytest-aiohttp>=1.0", "hypothesis>=6"]
+ATIF_MODELS = "atif>=1.8,<1.9"
+"""Pydantic models of ATIF, the format of the server's ``trajectory.json``: rollout-server's
+tests validate the documents it writes against them (test-only; the server needs none)."""
 LINT_PATHS = ["packages", "tests", "noxfile.py", "run.py", "tools", "examples", "benchmarks"]
 
 
@@ -175,7 +178,7 @@ def tests_client(session: nox.Session) -> None:
 def tests_server(session: nox.Session) -> None:
     """rollout-server's own tests, with only rollout-server and rollout-types installed."""
     install_wheels(session, "rollout-types", "rollout-server")
-    session.install(*TEST_DEPS)
+    session.install(*TEST_DEPS, ATIF_MODELS)
     run_pytest(session, "packages/rollout-server/tests")
 
 
