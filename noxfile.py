@@ -304,7 +304,9 @@ SIDES_DIR = ROOT / ".nox" / "_sides"
 PEER_PYTHON = "3.12"
 """Python of every side venv (osmosis-ai needs 3.12) and of the interop/compat sessions."""
 OSMOSIS_REQUIREMENTS: dict[str, tuple[str, ...]] = {
-    "0.3.8": ("osmosis-ai[server]==0.3.8", "uvicorn"),
+    # The eval extra (LiteLLM, uv, pyarrow) is what `osmosis eval run` needs:
+    # tests/interop/test_osmosis_eval_run.py drives our server with osmosis-ai's CLI.
+    "0.3.8": ("osmosis-ai[server,eval]==0.3.8", "uvicorn"),
     "0.3.2": ("osmosis-ai[server]==0.3.2", "uvicorn"),
 }
 HARNESS_DEPS = [*TEST_DEPS, "aiohttp>=3.9", "attrs>=23.2", "hatchling>=1.24", "pip"]
