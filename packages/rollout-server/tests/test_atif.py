@@ -10,6 +10,8 @@ from typing import Any
 
 import atif
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollout_server import (
     AgentWorkflow,
@@ -23,6 +25,7 @@ from rollout_server import (
     WorkflowContext,
 )
 from rollout_server._atif import ATIF_SCHEMA_VERSION, build_trajectory, conversation_steps
+from rollout_server._trajectory import encode_document
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
 WAIT_SEC = 5.0
@@ -31,8 +34,9 @@ ATIF_V17_PART_TYPES = frozenset({"text", "image"})
 
 
 def check_atif(document: dict[str, Any]) -> atif.Trajectory:
-    """Validate ``document`` as strict ATIF-v1.7 (JSON types exactly, nothing unknown)."""
-    decoded = json.loads(json.dumps(document, allow_nan=False))
+    """Validate ``document``, encoded as the server writes it, as strict ATIF-v1.7 (JSON
+    types exactly, nothing unknown)."""
+    decoded = json.loads(encode_document(document, "trajectory"))
     trajectory = atif.Trajectory.model_validate(decoded, strict=True)
     assert trajectory.schema_version == ATIF_SCHEMA_VERSION == "ATIF-v1.7"
     assert trajectory.steps, "ATIF needs at least one step"
@@ -90,6 +94,61 @@ MULTIPART_CONVERSATION: list[dict[str, Any]] = [
         "content": [{"type": "text", "text": "A cat"}, {"type": "text", "text": "and a dog."}],
     },
 ]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=6,
+)
+contents = (
+    st.none()
+    | st.text(max_size=5)
+    | st.lists(
+        st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "x"])})
+        | st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=5) | st.none()})
+        | st.fixed_dictionaries(
+            {
+                "type": st.just("image_url"),
+                "image_url": st.sampled_from(["http://e.com/a.png", "data:image/png;base64,"])
+                | st.fixed_dictionaries({"url": st.text(max_size=8)}),
+            }
+        )
+        | json_values,
+        max_size=3,
+    )
+    | json_values
+)
+tool_calls = st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "id": st.sampled_from(["a", "b", ""]) | json_values,
+            "type": st.just("function") | json_values,
+            "function": st.fixed_dictionaries(
+                {},
+                optional={
+                    "name": st.text(max_size=4) | json_values,
+                    "arguments": st.sampled_from(['{"x": 1}', "[]", "{", ""]) | json_values,
+                },
+            )
+            | json_values,
+        },
+    ),
+    max_size=3,
+)
+chat_messages = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.sampled_from(["system", "developer", "user", "assistant", "tool", "function"])
+        | json_values,
+        "content": contents,
+        "tool_calls": tool_calls | json_values,
+        "tool_call_id": st.sampled_from(["a", "b"]) | json_values,
+        "reasoning_content": st.text(max_size=5) | json_values,
+        "name": st.text(max_size=5),
+    },
+)
 
 
 def request_for(rollout_id: str = "r1", **fields: Any) -> ExecutionRequest:
@@ -264,12 +323,14 @@ class TestConversationSteps:
         ]
 
     def test_parts_that_do_not_convert_keep_the_original(self) -> None:
-        """When a part has no exact ATIF form (a data: URL, an unknown image type, audio,
-        extra keys), the message has the parts that convert and extra the whole list."""
+        """When a part has no exact ATIF form (a data: URL, an unknown image type, a path
+        that is no http(s) URL, audio, extra keys), the message has the parts that convert
+        and extra the whole list."""
         content = [
             {"type": "text", "text": "look", "cache_control": {"type": "ephemeral"}},
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
             {"type": "image_url", "image_url": {"url": "https://example.com/x.bmp"}},
+            {"type": "image_url", "image_url": {"url": "pictures/local.png"}},
             {"type": "image_url", "image_url": {"url": "https://e.com/a.gif", "detail": "low"}},
             {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
             "stray",
@@ -299,6 +360,12 @@ class TestConversationSteps:
         assert steps[1]["extra"] == {"content": {"odd": True}}
         assert "extra" not in steps[2]
         assert steps[3]["extra"] == {"message": "just text"}
+
+    @settings(deadline=None)  # no per-example time limit: the machine may be loaded
+    @given(messages=st.lists(chat_messages | json_values, min_size=1, max_size=6))
+    def test_any_messages_give_valid_atif(self, messages: list[Any]) -> None:
+        """Whatever the messages hold, the steps are valid ATIF, one at least."""
+        check_atif(document_of(conversation_steps(messages)))
 
     def test_messages_are_not_changed(self) -> None:
         """Converting leaves the messages as they were."""

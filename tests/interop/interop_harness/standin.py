@@ -102,8 +102,9 @@ class ChatStandIn:
             "content": self._answers.get(rollout_id, DEFAULT_ANSWER),
         }
         tool = self._tools.get(rollout_id)
-        messages = body.get("messages") or [{}]
-        if tool is not None and body.get("tools") and messages[-1].get("role") != "tool":
+        last = (body.get("messages") or [{}])[-1]
+        answered = isinstance(last, dict) and last.get("role") == "tool"
+        if tool is not None and body.get("tools") and not answered:
             name, arguments = tool
             call_id = f"call-{rollout_id}-{len(self.requests)}"
             message["content"] = None

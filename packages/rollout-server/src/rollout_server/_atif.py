@@ -37,10 +37,10 @@ tool call) it went to.
   steps, ``assistant`` messages ``agent`` steps; a message of any other role (or no role)
   is a ``user`` step whose ``extra`` keeps the role.
 * ``content``: a string is the step's ``message``; ``None`` is ``""``; a list of parts is a
-  list of ATIF content parts: ``text`` parts as they are, ``image_url`` parts whose URL (not
-  a ``data:`` URL) names a ``.png``, ``.jpg``/``.jpeg``, ``.gif`` or ``.webp`` file as
-  ``image`` parts. When a part cannot be converted whole, the original list stays in
-  ``extra["content"]`` too.
+  list of ATIF content parts: ``text`` parts as they are, ``image_url`` parts whose http(s)
+  URL names a ``.png``, ``.jpg``/``.jpeg``, ``.gif`` or ``.webp`` file as ``image`` parts
+  (the URL is the image's ``path``). When a part cannot be converted whole, the original
+  list stays in ``extra["content"]`` too.
 * An agent step's ``tool_calls`` become ATIF tool calls: ``id`` is ``tool_call_id``
   (``step<N>-call<K>`` when it has none), ``function.name`` is ``function_name``, and
   ``function.arguments`` (a JSON object, or a string holding one) is ``arguments``;
@@ -297,11 +297,17 @@ def _part(part: Any) -> tuple[dict[str, Any] | None, bool]:
 
 
 def _image_media_type(url: Any) -> str | None:
-    if not isinstance(url, str) or url.startswith("data:"):
+    """The media type of an http(s) image URL, from its file extension; else None."""
+    if not isinstance(url, str):
         return None
-    path = urlsplit(url).path
-    dot = path.rfind(".")
-    return None if dot < 0 else _IMAGE_TYPES.get(path[dot:].lower())
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    if parts.scheme not in {"http", "https"}:
+        return None
+    dot = parts.path.rfind(".")
+    return None if dot < 0 else _IMAGE_TYPES.get(parts.path[dot:].lower())
 
 
 def _tool_calls(rest: dict[str, Any], step_id: int) -> list[dict[str, Any]] | None:
