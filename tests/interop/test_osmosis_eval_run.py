@@ -178,6 +178,8 @@ class TestOsmosisEvalRun:
         )
         output = await run_osmosis_eval(osmosis_python, workspace, env)
 
+        # uv made the rollout project's own environment (never the test venv's).
+        assert (workspace / "rollouts" / "calc" / ".venv").is_dir()
         run_dir = workspace / "evals" / RUN_NAME
         rows = [json.loads(line) for line in (run_dir / "index.jsonl").read_text().splitlines()]
         assert len(rows) == ROWS, output
