@@ -47,16 +47,13 @@ ARCHIVE_STALL: Final = "no parseable trajectory within the archive grace period"
 """osmosis-ai's log line after 30 s without a valid trajectory for a finished rollout."""
 
 
-def git(workspace: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=workspace, check=True, capture_output=True, timeout=60)
-
-
 def make_workspace(root: Path, server_python: str) -> Path:
     """An osmosis-ai workspace whose rollout ``calc`` serves the example calculator agent."""
     workspace = root / "workspace"
     for folder in ("rollouts/calc", "configs/eval", "configs/training", "data"):
         (workspace / folder).mkdir(parents=True)
-    git(workspace, "init", "--quiet")
+    # osmosis-ai finds the workspace as the git worktree it is run in.
+    subprocess.run(["git", "init", "--quiet"], cwd=workspace, check=True, timeout=60)
     (workspace / "configs" / "eval" / "calc.toml").write_text(
         "[experiment]\n"
         'rollout = "calc"\n'
