@@ -38,6 +38,9 @@ from compatibility import (
 
 PYTHONS = ["3.11", "3.12", "3.13"]
 TEST_DEPS = ["pytest>=8", "pytest-aiohttp>=1.0", "hypothesis>=6"]
+ATIF_MODELS = "atif>=1.8,<1.9"
+"""Pydantic models of ATIF, the format of the server's ``trajectory.json``: rollout-server's
+tests validate the documents it writes against them (test-only; the server needs none)."""
 LINT_PATHS = ["packages", "tests", "noxfile.py", "run.py", "tools", "examples", "benchmarks"]
 
 
@@ -203,7 +206,7 @@ def tests_client(session: nox.Session) -> None:
 def tests_server(session: nox.Session) -> None:
     """rollout-server's own tests, with only rollout-server and rollout-types installed."""
     install_wheels(session, "rollout-types", "rollout-server")
-    session.install(*TEST_DEPS)
+    session.install(*TEST_DEPS, ATIF_MODELS)
     run_pytest(session, "packages/rollout-server/tests")
 
 
@@ -384,7 +387,9 @@ SIDES_DIR = ROOT / ".nox" / "_sides"
 PEER_PYTHON = "3.12"
 """Python of every side venv (osmosis-ai needs 3.12) and of the interop/compat sessions."""
 OSMOSIS_REQUIREMENTS: dict[str, tuple[str, ...]] = {
-    "0.3.8": ("osmosis-ai[server]==0.3.8", "uvicorn"),
+    # The eval extra (LiteLLM, uv, pyarrow) is what `osmosis eval run` needs:
+    # tests/interop/test_osmosis_eval_run.py drives our server with osmosis-ai's CLI.
+    "0.3.8": ("osmosis-ai[server,eval]==0.3.8", "uvicorn"),
     "0.3.2": ("osmosis-ai[server]==0.3.2", "uvicorn"),
 }
 HARNESS_DEPS = [*TEST_DEPS, "aiohttp>=3.9", "attrs>=23.2", "hatchling>=1.24", "pip"]

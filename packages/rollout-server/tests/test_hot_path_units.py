@@ -310,6 +310,14 @@ class TestFileWrites:
             "workflow_error": {"message": "m"}
         }
 
+    def test_rollout_files_without_a_trajectory(self, tmp_path: Path) -> None:
+        """Without a trajectory only diagnostics are written; with neither, nothing is (not
+        even the directory)."""
+        write_rollout_files(tmp_path / "r1", None, {"workflow_error": {"message": "m"}})
+        assert sorted(p.name for p in (tmp_path / "r1").iterdir()) == ["diagnostics.json"]
+        write_rollout_files(tmp_path / "r2", None, None)
+        assert not (tmp_path / "r2").exists()
+
     def test_encode_json_is_compact_strict_json(self, caplog: pytest.LogCaptureFixture) -> None:
         """A clean document encodes as compact UTF-8 JSON with a final newline, tuples as
         lists, and nothing logged."""

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+import atif
 import pytest
 
 from rollout_server import (
@@ -82,8 +83,25 @@ def make_request(
 
 
 def read_trajectory(root: Path, rollout_id: str) -> dict[str, Any]:
+    """The rollout's ``trajectory.json``, checked against the ATIF models."""
     data: dict[str, Any] = json.loads((root / rollout_id / "trajectory.json").read_text())
+    atif.Trajectory.model_validate(data, strict=True)
     return data
+
+
+def record_of(document: dict[str, Any]) -> dict[str, Any]:
+    """What the trajectory document records about the rollout beyond its conversation."""
+    record: dict[str, Any] = document["extra"]["rollout_server"]
+    return record
+
+
+def messages_of(document: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(source, message)`` of each step of a trajectory document."""
+    return [(step["source"], step["message"]) for step in document["steps"]]
+
+
+CONVERSATION = [("user", PROMPT[0]["content"]), ("agent", ANSWER["content"])]
+"""``messages_of`` a trajectory of ``[*PROMPT, ANSWER]``."""
 
 
 def listing(path: Path) -> list[str]:
@@ -632,7 +650,7 @@ class TestContexts:
         warnings = [r for r in caplog.records if "artifacts directory" in r.getMessage()]
         assert len(warnings) == 1
         assert str(tmp_path / "r1" / "artifacts") in warnings[0].getMessage()
-        assert read_trajectory(tmp_path, "r1")["status"] == "success"
+        assert record_of(read_trajectory(tmp_path, "r1"))["status"] == "success"
 
 
 class TestDeadlines:
@@ -715,8 +733,7 @@ class TestDeadlines:
         assert found, message
         assert float(found.group(1)) >= 1.2
         assert "late" not in STARTED  # the budget was gone before it could run
-        doc = read_trajectory(tmp_path, "late")
-        assert doc["timings"]["queued_sec"] >= 1.2
+        assert not (tmp_path / "late").exists()  # no conversation, no diagnostics: no files
 
     async def test_future_admission_stamp_is_ignored(self, tmp_path: Path) -> None:
         """An admission stamp in the future (a foreign clock) is not trusted: the clock
@@ -755,7 +772,7 @@ class TestDeadlines:
         }
         _event(GATES, "first").set()
         await asyncio.wait_for(first, WAIT_SEC)
-        assert read_trajectory(tmp_path, "late")["err_category"] == "timeout"
+        assert not (tmp_path / "late").exists()  # no conversation, no diagnostics: no files
 
     async def test_grader_deadline(self, tmp_path: Path) -> None:
         """A grader past its deadline fails as timeout, keeping the sample (reward as set)."""
@@ -963,9 +980,10 @@ class TestCancellation:
         assert backend.health()["concurrency"]["running"] == 0
         await backend.shutdown()
         doc = read_trajectory(tmp_path, "g")
-        assert (doc["status"], doc["err_message"]) == ("cancelled", "cancelled")
-        assert doc["messages"] == [*PROMPT, ANSWER]
-        assert doc["phases"]["workflow"]["status"] == "success"
+        record = record_of(doc)
+        assert (record["status"], record["err_message"]) == ("cancelled", "cancelled")
+        assert messages_of(doc) == CONVERSATION
+        assert record["phases"]["workflow"]["status"] == "success"
 
     async def test_swallowed_task_cancellation_is_honoured(self, tmp_path: Path) -> None:
         """A workflow that swallows the task's cancellation ends the rollout as cancelled
@@ -982,14 +1000,16 @@ class TestCancellation:
         assert backend.health()["concurrency"]["running"] == 0
         await backend.shutdown()
         doc = read_trajectory(tmp_path, "s")
-        assert doc["status"] == "cancelled"
-        assert doc["reward"] is None
-        assert doc["phases"]["grader"] is None
+        assert record_of(doc)["status"] == "cancelled"
+        assert "reward" not in doc["extra"]["osmosis"]
+        assert record_of(doc)["phases"]["grader"] is None
 
 
 class TestTrajectory:
     async def test_document(self, tmp_path: Path) -> None:
-        """The trajectory is written before execute() returns, with the documented keys."""
+        """The trajectory is an ATIF document of the workflow's conversation (the snapshot,
+        not the grader's later edits), written before execute() returns, with the rollout's
+        record under ``extra``."""
         backend = backend_for(tmp_path, AnswerWorkflow, grader=MutatingGrader)
         request = make_request(
             metadata={"task": "t"},
@@ -1000,38 +1020,46 @@ class TestTrajectory:
         outcome = await backend.execute(request)
         doc = read_trajectory(tmp_path, "r1")
         assert set(doc) == {
-            "schema_version", "rollout_id", "status", "err_message", "err_category", "label",
-            "reward", "remove_sample", "messages", "trajectory_messages", "metrics",
-            "extra_fields", "workflow_info", "request", "phases", "timings", "saved_at",
-            "writer",
+            "schema_version", "session_id", "trajectory_id", "agent", "steps", "final_metrics",
+            "extra",
         }  # fmt: skip
-        assert doc["schema_version"] == "rollout-trajectory/1"
-        assert (doc["rollout_id"], doc["status"], doc["reward"], doc["label"]) == (
-            "r1",
+        assert doc["schema_version"] == "ATIF-v1.7"
+        assert (doc["session_id"], doc["trajectory_id"]) == ("r1", "r1")
+        assert doc["agent"]["name"] == "rollout-server"
+        assert messages_of(doc) == CONVERSATION  # the snapshot, without the grader's note
+        assert doc["final_metrics"] == {"total_steps": 2}
+        assert doc["extra"]["osmosis"] == {
+            "rollout_id": "r1",
+            "label": "42",
+            "reward": 1.0,
+            "sample_metrics": {"turns": 1.0},
+            "request_metadata": {"task": "t"},
+            "request_extra_fields": {"dataset": "d"},
+        }
+        record = record_of(doc)
+        assert set(record) == {
+            "status", "err_message", "err_category", "remove_sample", "workflow_info",
+            "request", "phases", "timings", "saved_at",
+        }  # fmt: skip
+        assert (record["status"], record["err_message"], record["err_category"]) == (
             "success",
-            1.0,
-            "42",
+            None,
+            None,
         )
-        assert doc["messages"][-1] == {"role": "grader", "content": "note"}
-        assert doc["trajectory_messages"] == [*PROMPT, ANSWER]  # the snapshot, unmutated
-        assert doc["metrics"] == {"turns": 1.0}
-        assert doc["workflow_info"] == {"note": "done"}
-        assert doc["request"] == {
-            "initial_messages": PROMPT,
-            "metadata": {"task": "t"},
-            "extra_fields": {"dataset": "d"},
+        assert record["remove_sample"] is False
+        assert record["workflow_info"] == {"note": "done"}
+        assert record["request"] == {
             "agent_timeout_sec": 30.0,
             "grader_timeout_sec": 20.0,
             "grade": True,
         }
-        assert doc["phases"]["grader"] == {
+        assert record["phases"]["grader"] == {
             "status": "success",
             "err_message": None,
             "err_category": None,
         }
-        assert set(doc["timings"]) == {"queued_sec", "workflow_sec", "grader_sec", "total_sec"}
-        assert all(isinstance(v, float) for v in doc["timings"].values())
-        assert doc["writer"]["name"] == "rollout-server"
+        assert set(record["timings"]) == {"queued_sec", "workflow_sec", "grader_sec", "total_sec"}
+        assert all(isinstance(v, float) for v in record["timings"].values())
         assert outcome.reported().sample is not None
         assert not (tmp_path / "r1" / "diagnostics.json").exists()
         # Neither the workflow nor the grader read ctx.artifacts_dir: none was made.
@@ -1042,8 +1070,10 @@ class TestTrajectory:
         backend = backend_for(tmp_path, AnswerWorkflow, grader=BlockingGrader)
         await backend.execute(make_request(grader_timeout_sec=0.2))
         doc = read_trajectory(tmp_path, "r1")
-        assert (doc["status"], doc["err_category"], doc["reward"]) == ("failure", "timeout", 0.25)
-        assert doc["err_message"] == "grader exceeded its 0.2s deadline"
+        record = record_of(doc)
+        assert (record["status"], record["err_category"]) == ("failure", "timeout")
+        assert doc["extra"]["osmosis"]["reward"] == 0.25
+        assert record["err_message"] == "grader exceeded its 0.2s deadline"
         diagnostics = json.loads((tmp_path / "r1" / "diagnostics.json").read_text())
         assert "Traceback" in diagnostics["grader_error"]["traceback"]
 
@@ -1053,13 +1083,25 @@ class TestTrajectory:
         backend = backend_for(tmp_path, AnswerWorkflow)
         await backend.execute(make_request())
         doc = read_trajectory(tmp_path, "r1")
-        assert (doc["status"], doc["err_message"], doc["err_category"]) == ("failure", None, None)
-        assert doc["messages"] == [*PROMPT, ANSWER]
-        assert doc["phases"]["grader"] == {
+        record = record_of(doc)
+        assert (record["status"], record["err_message"], record["err_category"]) == (
+            "failure",
+            None,
+            None,
+        )
+        assert messages_of(doc) == CONVERSATION
+        assert record["phases"]["grader"] == {
             "status": "failure",
             "err_message": None,
             "err_category": None,
         }
+
+    async def test_no_conversation_no_trajectory(self, tmp_path: Path) -> None:
+        """A failed workflow without a sample leaves its diagnostics but no trajectory."""
+        backend = backend_for(tmp_path, RaisingWorkflow, grader=HalfGrader)
+        outcome = await backend.execute(make_request())
+        assert outcome.reported().status == RolloutStatus.FAILURE
+        assert listing(tmp_path / "r1") == ["diagnostics.json"]
 
     async def test_non_json_values_are_dropped(self, tmp_path: Path) -> None:
         """Telemetry JSON cannot hold is dropped from the file; the rollout is unaffected."""
@@ -1067,7 +1109,7 @@ class TestTrajectory:
         class Odd(AgentWorkflow):
             async def run(self, ctx: WorkflowContext) -> None:
                 sample = Sample(
-                    messages=[{"role": "assistant", "content": object()}],
+                    messages=[{"role": "assistant", "content": "a", "odd": object()}],
                     metrics={"bad": float("nan"), "ok": 1, "obj": object()},
                 )
                 get_rollout_context().register_sample_source(lambda: sample)
@@ -1076,9 +1118,10 @@ class TestTrajectory:
         outcome = await backend.execute(make_request())
         assert outcome.reported().status == RolloutStatus.SUCCESS
         doc = read_trajectory(tmp_path, "r1")
-        assert doc["metrics"] == {"ok": 1}
-        assert doc["messages"] == [{"role": "assistant"}]
-        assert doc["reward"] == 0.5
+        assert doc["extra"]["osmosis"]["sample_metrics"] == {"ok": 1}
+        # The message key JSON cannot hold was kept in the step's extra, then dropped.
+        assert doc["steps"] == [{"step_id": 1, "source": "agent", "message": "a", "extra": {}}]
+        assert doc["extra"]["osmosis"]["reward"] == 0.5
 
     async def test_write_failure_never_changes_the_result(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture

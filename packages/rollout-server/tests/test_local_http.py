@@ -236,7 +236,8 @@ class TestWireOutcomes:
         assert error_of(body) == ("success", None, None)
         assert (body["sample"]["remove_sample"], body["sample"]["reward"]) == (True, None)
         trajectory = json.loads((tmp_path / "r1" / "trajectory.json").read_text())
-        assert trajectory["reward"] == 0.7
+        assert trajectory["extra"]["osmosis"]["reward"] == 0.7
+        assert trajectory["extra"]["rollout_server"]["remove_sample"] is True
 
     async def test_grader_sets_no_reward(self, make_local: MakeHarness, tmp_path: Path) -> None:
         """A grader that sets no reward fails as validation_error, the sample attached."""
@@ -320,7 +321,7 @@ class TestWireOutcomes:
         assert error_of(body) == ("failure", None, None)
         assert body["sample"] is None
         trajectory = json.loads((tmp_path / "r1" / "trajectory.json").read_text())
-        assert trajectory["messages"][-1] == ANSWER
+        assert trajectory["steps"][-1]["message"] == ANSWER["content"]
 
     async def test_no_grader_grade_false(self, make_local: MakeHarness, tmp_path: Path) -> None:
         """No grader and grade=false give success with the workflow sample, reward null."""
@@ -380,11 +381,17 @@ class TestStatuses:
         harness = await serve(make_local, tmp_path, AnswerWorkflow, grader=HalfGrader)
         await run_to_end(harness, "t1", extra_fields={"run": 7}, metadata={"k": "v"})
         trajectory = json.loads((tmp_path / "t1" / "trajectory.json").read_text())
-        assert trajectory["status"] == "success"
-        assert trajectory["reward"] == 0.5
-        assert trajectory["request"]["extra_fields"] == {"run": 7}
-        assert trajectory["request"]["metadata"] == {"k": "v"}
-        assert trajectory["trajectory_messages"][-1] == ANSWER
+        assert trajectory["session_id"] == "t1"
+        assert trajectory["extra"]["rollout_server"]["status"] == "success"
+        assert trajectory["extra"]["osmosis"] == {
+            "rollout_id": "t1",
+            "label": "L",
+            "reward": 0.5,
+            "sample_metrics": {"turns": 1.0},
+            "request_metadata": {"k": "v"},
+            "request_extra_fields": {"run": 7},
+        }
+        assert trajectory["steps"][-1]["message"] == ANSWER["content"]
         # AnswerWorkflow never reads ctx.artifacts_dir, so none was made.
         assert sorted(p.name for p in (tmp_path / "t1").iterdir()) == ["trajectory.json"]
 

@@ -7,7 +7,8 @@ run by that venv's interpreter (the drivers and servers under ``remote/``):
   default: this interpreter when it can import ``rollout_client``;
 * ``ROLLOUT_INTEROP_SERVER_PYTHON``: has ``rollout-server``; default: this interpreter
   when it can import ``rollout_server``;
-* ``ROLLOUT_INTEROP_OSMOSIS_PYTHON``: has ``osmosis-ai[server]==0.3.8`` and uvicorn;
+* ``ROLLOUT_INTEROP_OSMOSIS_PYTHON``: has ``osmosis-ai[server,eval]==0.3.8`` and uvicorn
+  (``eval`` for ``osmosis eval run``);
 * ``ROLLOUT_INTEROP_OSMOSIS032_PYTHON``: has ``osmosis-ai[server]==0.3.2`` and uvicorn.
 
 A test whose peer is missing is skipped with a reason naming the variable, so a plain
@@ -46,7 +47,7 @@ _LOCAL_MODULE: Final = {OURS_CLIENT: "rollout_client", OURS_SERVER: "rollout_ser
 _CONTENTS: Final = {
     OURS_CLIENT: "rollout-client",
     OURS_SERVER: "rollout-server",
-    OSMOSIS: "osmosis-ai[server]==0.3.8 and uvicorn",
+    OSMOSIS: "osmosis-ai[server,eval]==0.3.8 and uvicorn",
     OSMOSIS_032: "osmosis-ai[server]==0.3.2 and uvicorn",
 }
 

@@ -32,9 +32,14 @@ CALL_GRACE_SEC: Final = 10.0
 """Slack on top of a driver request's own bound before the test gives up on the driver."""
 
 
+THIS_VENV_HINTS: Final = frozenset({"PYTHONPATH", "VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT"})
+"""Variables that point at the test venv (nox sets ``UV_PROJECT_ENVIRONMENT`` to it, so a
+peer's ``uv sync`` would install into the test venv and strip it)."""
+
+
 def peer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a peer process: ours, unbuffered, without this venv's hints."""
-    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    env = {k: v for k, v in os.environ.items() if k not in THIS_VENV_HINTS}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra or {})

@@ -3,13 +3,15 @@
 Every rollout's ``chat_completions_url`` points here (``url_for(rollout_id)``), so a test
 knows when a rollout's workflow is running (``await arrived("chat", id)``), decides what
 it answers and when (``hold``/``release``), and can hold the grader too (``gate_url``,
-passed as ``metadata["grade_gate_url"]``). It runs in the test's event loop on
-127.0.0.1, port 0.
+passed as ``metadata["grade_gate_url"]``). ``call_tool`` makes it act as a model that
+uses the tools it is offered: it calls one before it answers. It runs in the test's event
+loop on 127.0.0.1, port 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import defaultdict
 from typing import Any, Final
 
@@ -25,6 +27,7 @@ class ChatStandIn:
         self._runner: web.AppRunner | None = None
         self.base_url = ""
         self._answers: dict[str, str] = {}
+        self._tools: dict[str, tuple[str, dict[str, Any]]] = {}
         self._held: dict[tuple[str, str], asyncio.Event] = {}
         self._arrivals: defaultdict[tuple[str, str], asyncio.Event] = defaultdict(asyncio.Event)
         self.requests: list[dict[str, Any]] = []
@@ -60,6 +63,14 @@ class ChatStandIn:
         """Make the completion for ``rollout_id`` answer ``text`` (default ``"4"``)."""
         self._answers[rollout_id] = text
 
+    def call_tool(self, rollout_id: str, name: str, arguments: dict[str, Any]) -> None:
+        """Make ``rollout_id``'s completions call tool ``name`` with ``arguments`` first.
+
+        A request that offers tools and whose last message is not a ``tool`` result gets an
+        assistant message with that one tool call; the others get the answer.
+        """
+        self._tools[rollout_id] = (name, arguments)
+
     def hold(self, kind: str, rollout_id: str) -> None:
         """Hold ``kind`` (``"chat"`` or ``"gate"``) requests of ``rollout_id`` until released."""
         self._held[(kind, rollout_id)] = asyncio.Event()
@@ -86,7 +97,24 @@ class ChatStandIn:
             {"rollout_id": rollout_id, "body": body, "auth": request.headers.get("Authorization")}
         )
         await self._wait_if_held("chat", rollout_id)
-        text = self._answers.get(rollout_id, DEFAULT_ANSWER)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": self._answers.get(rollout_id, DEFAULT_ANSWER),
+        }
+        tool = self._tools.get(rollout_id)
+        last = (body.get("messages") or [{}])[-1]
+        answered = isinstance(last, dict) and last.get("role") == "tool"
+        if tool is not None and body.get("tools") and not answered:
+            name, arguments = tool
+            call_id = f"call-{rollout_id}-{len(self.requests)}"
+            message["content"] = None
+            message["tool_calls"] = [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(arguments)},
+                }
+            ]
         return web.json_response(
             {
                 "id": f"chatcmpl-{rollout_id}",
@@ -95,8 +123,8 @@ class ChatStandIn:
                 "choices": [
                     {
                         "index": 0,
-                        "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "tool_calls" if "tool_calls" in message else "stop",
+                        "message": message,
                     }
                 ],
             }

@@ -36,6 +36,7 @@ import attrs
 
 from rollout_types import RolloutErrorCategory, RolloutStatus, is_single_path_segment
 
+from ._atif import build_trajectory
 from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
 from ._categorize import categorize_exception
 from ._config import BaseConfig
@@ -47,7 +48,6 @@ from ._limiter import ConcurrencyLimiter
 from ._offload import BatchOffloader
 from ._trajectory import (
     ARTIFACTS_DIR_NAME,
-    build_trajectory,
     default_artifact_root,
     make_directory,
     write_rollout_files,

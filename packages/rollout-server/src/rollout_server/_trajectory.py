@@ -1,66 +1,36 @@
-"""Where a rollout's files live, and how its trajectory is saved.
+"""Where a rollout's files live, and how they are written.
 
 Layout, per rollout, under the artifact root::
 
     <artifact_root>/<rollout_id>/artifacts/        files the workflow and grader keep (made
                                                    when ``ctx.artifacts_dir`` is first read)
-    <artifact_root>/<rollout_id>/trajectory.json   the record below
+    <artifact_root>/<rollout_id>/trajectory.json   the conversation as an ATIF document (format
+                                                   in :mod:`rollout_server._atif`), when
+                                                   there is one
     <artifact_root>/<rollout_id>/diagnostics.json  backend diagnostics (tracebacks), if any
 
 The artifact root is, in order: the backend's ``artifact_root`` argument,
 ``$ROLLOUT_ARTIFACT_ROOT``, ``$_OSMOSIS_ROLLOUT_ARTIFACT_ROOT`` (osmosis-ai's variable), then
 ``$XDG_STATE_HOME/rollout/artifacts`` or ``~/.local/state/rollout/artifacts``.
 
-``trajectory.json`` (``schema_version`` ``"rollout-trajectory/1"``) is one JSON object (compact,
-UTF-8, one line):
-
-=======================  ===============================================================
-key                      value
-=======================  ===============================================================
-``schema_version``       ``"rollout-trajectory/1"``; a new major means an incompatible change
-``rollout_id``           the admitted id
-``status``               the status the caller is told (``success``/``failure``/``cancelled``)
-``err_message``          the reported error message, or null
-``err_category``         the reported error category, or null
-``label``                the saved sample's label (else the request's), or null
-``reward``               the saved sample's reward as graded (never nulled), or null
-``remove_sample``        the saved sample's flag
-``messages``             the saved sample's final messages (``[]`` without a sample)
-``trajectory_messages``  the unsent snapshot taken when the workflow returned, or null
-``metrics``              the sample's metrics; ``extra_fields`` the sample's extra fields
-``workflow_info``        ``AgentWorkflowOutput.info``
-``request``              ``initial_messages``, ``metadata``, ``extra_fields``,
-                         ``agent_timeout_sec``, ``grader_timeout_sec``, ``grade``
-``phases``               ``workflow`` and ``grader``: each null or
-                         ``{status, err_message, err_category}``
-``timings``              ``queued_sec``, ``workflow_sec``, ``grader_sec`` (null when it did
-                         not grade), ``total_sec``: float seconds
-``saved_at``             UTC time of the write, ISO 8601
-``writer``               ``{"name": "rollout-server", "version": ...}``
-=======================  ===============================================================
-
-The saved sample is the grader's result when it has a sample, otherwise the workflow's.
-Values JSON cannot hold (NaN, objects) are dropped with :func:`fit_json` when
-the file is encoded (:func:`encode_document`), and a WARNING lists them.
+Files are compact JSON (UTF-8, one line). Values JSON cannot hold (NaN, objects) are dropped
+with :func:`fit_json` when a file is encoded (:func:`encode_document`), and a
+WARNING lists them.
 Files are written atomically (a temporary file in the same directory, then a rename), so a
 reader never sees half a file.
 """
 
 from __future__ import annotations
 
-import datetime
-import functools
 import itertools
 import json
 import logging
 import os
 import tempfile
 from collections.abc import Mapping
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Final
 
-from ._backend import ExecutionRequest, ExecutionResult, Sample
 from ._sanitize import fit_json
 
 __all__ = [
@@ -69,8 +39,6 @@ __all__ = [
     "DIAGNOSTICS_FILE_NAME",
     "OSMOSIS_ARTIFACT_ROOT_ENV",
     "TRAJECTORY_FILE_NAME",
-    "TRAJECTORY_SCHEMA_VERSION",
-    "build_trajectory",
     "default_artifact_root",
     "encode_document",
     "make_directory",
@@ -79,9 +47,6 @@ __all__ = [
 ]
 
 logger: Final = logging.getLogger("rollout_server.trajectory")
-
-TRAJECTORY_SCHEMA_VERSION: Final = "rollout-trajectory/1"
-"""``schema_version`` of the ``trajectory.json`` this module writes."""
 
 ARTIFACT_ROOT_ENV: Final = "ROLLOUT_ARTIFACT_ROOT"
 """Environment variable naming the artifact root."""
@@ -112,80 +77,6 @@ def default_artifact_root(environ: Mapping[str, str] | None = None) -> Path:
     if state_home and Path(state_home).is_absolute():  # XDG: relative values are ignored
         return Path(state_home) / "rollout" / "artifacts"
     return Path.home() / ".local" / "state" / "rollout" / "artifacts"
-
-
-def _phase(result: ExecutionResult | None) -> dict[str, Any] | None:
-    if result is None:
-        return None
-    return {
-        "status": str(result.status),
-        "err_message": result.err_message,
-        "err_category": None if result.err_category is None else str(result.err_category),
-    }
-
-
-@functools.cache
-def _writer_version() -> str:
-    # Cached: importlib.metadata scans sys.path on every call (a sixth of a trajectory
-    # write's CPU in the benchmarks' profile).
-    try:
-        return version("rollout-server")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "0.0.0"
-
-
-def build_trajectory(
-    *,
-    request: ExecutionRequest,
-    reported: ExecutionResult,
-    sample: Sample | None,
-    workflow: ExecutionResult | None,
-    grader: ExecutionResult | None,
-    timings: Mapping[str, float | None],
-    workflow_info: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Build the ``trajectory.json`` document of one rollout (format in the module docstring).
-
-    Args:
-        request: The rollout's request.
-        reported: The result the caller is told (status and error).
-        sample: The sample to save (the grader's if it has one, else the workflow's), or None.
-        workflow: The workflow phase's result, or None if it never ran.
-        grader: The grader phase's result, or None if it did not grade.
-        timings: ``queued_sec``, ``workflow_sec``, ``grader_sec``, ``total_sec``.
-        workflow_info: ``AgentWorkflowOutput.info``; default empty.
-
-    Returns:
-        The document, holding the sample's values as they are: :func:`encode_document` fits
-        what strict JSON cannot hold when it writes it.
-    """
-    return {
-        "schema_version": TRAJECTORY_SCHEMA_VERSION,
-        "rollout_id": request.id,
-        "status": str(reported.status),
-        "err_message": reported.err_message,
-        "err_category": None if reported.err_category is None else str(reported.err_category),
-        "label": request.label if sample is None or sample.label is None else sample.label,
-        "reward": None if sample is None else sample.reward,
-        "remove_sample": False if sample is None else bool(sample.remove_sample),
-        "messages": [] if sample is None else sample.messages,
-        "trajectory_messages": None if sample is None else sample.trajectory_messages,
-        "metrics": {} if sample is None else sample.metrics,
-        "extra_fields": {} if sample is None else sample.extra_fields,
-        "workflow_info": dict(workflow_info or {}),
-        "request": {
-            "initial_messages": request.prompt,
-            "metadata": request.metadata,
-            "extra_fields": request.request_extra_fields,
-            "agent_timeout_sec": request.agent_timeout_sec,
-            "grader_timeout_sec": request.grader_timeout_sec,
-            "grade": request.grade,
-        },
-        "phases": {"workflow": _phase(workflow), "grader": _phase(grader)},
-        "timings": dict(timings),
-        "saved_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
-        "writer": {"name": "rollout-server", "version": _writer_version()},
-    }
 
 
 _TEMP_SEQUENCE: Final = itertools.count()
@@ -269,11 +160,11 @@ def write_json_atomic(path: Path, data: bytes) -> None:
 
 
 def write_rollout_files(
-    rollout_dir: Path, trajectory: Mapping[str, Any], diagnostics: Mapping[str, Any] | None
+    rollout_dir: Path, trajectory: Mapping[str, Any] | None, diagnostics: Mapping[str, Any] | None
 ) -> None:
-    """Write ``trajectory.json`` (and ``diagnostics.json`` when ``diagnostics`` is not
-    empty) into ``rollout_dir``, each encoded with :func:`encode_document` and written
-    atomically; the directory is created if needed.
+    """Write ``trajectory.json`` (when ``trajectory`` is not None) and ``diagnostics.json``
+    (when ``diagnostics`` is not empty) into ``rollout_dir``, each encoded with
+    :func:`encode_document` and written atomically; the directory is created if needed.
 
     Blocking: call it off the event loop.
 
@@ -281,17 +172,18 @@ def write_rollout_files(
         OSError: When the directory cannot be created or written.
     """
     owner = f"rollout {rollout_dir.name}"
-    target = rollout_dir / TRAJECTORY_FILE_NAME
-    data = encode_document(trajectory, "trajectory", owner)
-    try:
-        write_json_atomic(target, data)
-    except FileNotFoundError:
-        # The directory is usually there already (made before the workflow ran).
-        rollout_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(target, data)
+    files = []
+    if trajectory is not None:
+        files.append((TRAJECTORY_FILE_NAME, encode_document(trajectory, "trajectory", owner)))
     if diagnostics:
-        data = encode_document(diagnostics, "diagnostics", owner)
-        write_json_atomic(rollout_dir / DIAGNOSTICS_FILE_NAME, data)
+        files.append((DIAGNOSTICS_FILE_NAME, encode_document(diagnostics, "diagnostics", owner)))
+    for name, data in files:
+        try:
+            write_json_atomic(rollout_dir / name, data)
+        except FileNotFoundError:
+            # The directory is usually there already (made before the workflow ran).
+            rollout_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(rollout_dir / name, data)
 
 
 def make_directory(path: str | os.PathLike[str]) -> None:
