@@ -133,7 +133,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the packages, the typing file, the compatibility table, the noxfile."""
+    """mypy --strict over the packages, the typing file, the dev tools' shared modules
+    (compatibility table, process handling, demo) and the noxfile."""
     session.install("mypy>=1.10", "nox", *TEST_DEPS, "uvloop")
     session.install(
         "-e",
@@ -150,6 +151,8 @@ def typecheck(session: nox.Session) -> None:
         "packages/rollout-server/src/rollout_server",
         "tests/typing",
         "tools/compatibility.py",
+        "tools/devprocs.py",
+        "tools/demo.py",
         "noxfile.py",
     )
 

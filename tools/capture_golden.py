@@ -71,6 +71,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from devprocs import stop_async_process
 
 # Names that exist with the same meaning in osmosis-ai 0.3.2 and 0.3.8. Anything
 # version-specific is imported inside the function that needs it.
@@ -106,6 +107,7 @@ WRONG_LEASE = "not-the-lease-token"
 RESULT_WAIT_SEC = 1.0
 POLLING_LEASE_SEC = 3.0
 RETENTION_SEC = 60.0
+LEGACY_CHILD_TIMEOUT_SEC = 90.0
 
 PROMPT: list[dict[str, Any]] = [
     {"role": "system", "content": "You are a careful calculator."},
@@ -1200,12 +1202,12 @@ async def run_legacy_child(python: str, golden_root: Path, verbose: bool) -> Non
     if verbose:
         argv.append("--verbose")
     process = await asyncio.create_subprocess_exec(*argv)
-    try:
-        code = await asyncio.wait_for(process.wait(), timeout=90)
-    except TimeoutError:
-        process.kill()  # our own child, by its handle
-        await process.wait()
-        raise
+    code, killed = await stop_async_process(process, patience_sec=LEGACY_CHILD_TIMEOUT_SEC)
+    if killed:
+        raise TimeoutError(
+            f"legacy capture (pid {process.pid}) did not finish within "
+            f"{LEGACY_CHILD_TIMEOUT_SEC:g} s and was killed"
+        )
     if code != 0:
         raise RuntimeError(f"legacy capture (pid {process.pid}) exited with {code}")
 
