@@ -11,7 +11,8 @@ EXPECTED = [
     "CancelDisposition", "CancelRolloutsRequest", "CancelRolloutsResponse", "FieldValueError",
     "RolloutErrorCategory", "RolloutHealth", "RolloutInitRequest", "RolloutInitResponse",
     "RolloutLifecycle", "RolloutResultResponse", "RolloutSample", "RolloutStatus",
-    "RolloutTypesError", "WireValidationError", "__version__", "converter", "dumps", "fit_json",
+    "RolloutTypesError", "WireValidationError", "__version__", "check_api_key", "check_seconds",
+    "converter", "dumps", "fit_json",
     "header_error", "is_secret_key", "is_single_path_segment", "is_terminal",
     "json_safe_sample", "loads", "protocol_compatible", "redact", "scrub_text", "structure_wire",
 ]  # fmt: skip

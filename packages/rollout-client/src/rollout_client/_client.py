@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, Final, Self
@@ -19,12 +18,15 @@ from rollout_types import (
     RolloutLifecycle,
     RolloutResultResponse,
     WireValidationError,
+    check_api_key,
+    check_seconds,
     dumps,
     loads,
     structure_wire,
 )
 
 from ._errors import (
+    UNAUTHORIZED_HINT,
     RolloutAdmissionTimeoutError,
     RolloutProtocolError,
     RolloutProtocolVersionError,
@@ -43,33 +45,6 @@ _MAY_HAVE_SUCCEEDED: Final = (
 )
 _CALLBACK_PROTOCOL_SERVER: Final = "0.3 (osmosis-ai <= 0.3.2 callback protocol)"
 _DETAIL_LIMIT: Final = 300
-
-
-def _check_seconds(name: str, value: object, *, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number of seconds; got {value!r}")
-    seconds = float(value)
-    if not math.isfinite(seconds):
-        raise ValueError(f"{name} must be finite; got {value!r}")
-    if positive and seconds <= 0:
-        raise ValueError(f"{name} must be greater than 0; got {value!r}")
-    return seconds
-
-
-def _check_api_key(api_key: object) -> str | None:
-    if api_key is None:
-        return None
-    if not isinstance(api_key, str) or not api_key.strip():
-        raise ValueError(
-            "api_key must be a non-blank string (the server's bearer key), or None for a "
-            f"server without authentication; got {api_key!r}"
-        )
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in api_key):
-        raise ValueError(
-            "api_key must not contain control characters (they cannot travel in an "
-            "Authorization header)"
-        )
-    return api_key
 
 
 def _detail(body: bytes) -> str:
@@ -107,7 +82,7 @@ def _is_callback_protocol_rejection(body: bytes) -> bool:
 
 
 _ADMISSION_HINTS: Final = {
-    401: " (unauthorized: pass the server's api_key to RolloutClient(api_key=...))",
+    401: UNAUTHORIZED_HINT,
     409: " (the rollout_id is already registered on the server: use a fresh id per attempt)",
     503: " (the server is shutting down and admits no new rollouts)",
 }
@@ -172,9 +147,9 @@ class RolloutClient:
         self._admission_timeout_sec = (
             None
             if admission_timeout_sec is None
-            else _check_seconds("admission_timeout_sec", admission_timeout_sec, positive=False)
+            else check_seconds("admission_timeout_sec", admission_timeout_sec, allow_negative=True)
         )
-        self._transport = Transport(url=url, api_key=_check_api_key(api_key), session=http_client)
+        self._transport = Transport(url=url, api_key=check_api_key(api_key), session=http_client)
         self._settings: ClientSettings = DEFAULT_SETTINGS
         self._handles: set[RolloutHandle] = set()
         self._closed = False
@@ -529,8 +504,8 @@ class RolloutClient:
                 404, invalid JSON, ...).
         """
         self._check_open()
-        timeout = _check_seconds("timeout_sec", timeout_sec, positive=True)
-        interval = _check_seconds("poll_interval_sec", poll_interval_sec, positive=True)
+        timeout = check_seconds("timeout_sec", timeout_sec)
+        interval = check_seconds("poll_interval_sec", poll_interval_sec)
         pinned: object = process_id
         if pinned is not None and (not isinstance(pinned, str) or not pinned):
             raise ValueError(
@@ -669,7 +644,7 @@ def _build_request(
         ("grader_timeout_sec", grader_timeout_sec),
     ):
         if seconds is not None:
-            _check_seconds(name, seconds, positive=False)
+            check_seconds(name, seconds, allow_negative=True)
     return RolloutInitRequest(
         initial_messages=initial_messages,
         rollout_id=rollout_id,

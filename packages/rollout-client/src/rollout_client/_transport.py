@@ -60,14 +60,6 @@ __all__ = [
 CONNECTOR_KEEPALIVE_SEC: Final = 30.0
 """How long an idle pooled connection of a client-owned session is kept, seconds."""
 
-_CONNECTION_TIMEOUT: Final[type[BaseException] | None] = getattr(
-    aiohttp, "ConnectionTimeoutError", None
-)
-_SOCKET_TIMEOUT: Final[type[BaseException] | None] = getattr(aiohttp, "SocketTimeoutError", None)
-_CONNECTION_RESET: Final[type[BaseException]] = getattr(
-    aiohttp, "ClientConnectionResetError", ConnectionResetError
-)
-
 
 class TransportFailure(enum.Enum):
     """How a failed HTTP exchange is treated."""
@@ -78,12 +70,6 @@ class TransportFailure(enum.Enum):
     """Opening a connection (pool wait included) timed out: never retried on polls."""
     FATAL = "fatal"
     """TLS, proxy, URL or other client errors: never retried on polls."""
-
-
-def _is_connect_timeout(exc: aiohttp.ServerTimeoutError) -> bool:
-    if _CONNECTION_TIMEOUT is not None:
-        return isinstance(exc, _CONNECTION_TIMEOUT)
-    return str(exc).startswith("Connection timeout")  # pragma: no cover - aiohttp < 3.10
 
 
 def classify(exc: BaseException) -> TransportFailure | None:
@@ -100,9 +86,9 @@ def classify(exc: BaseException) -> TransportFailure | None:
     """
     if isinstance(exc, asyncio.CancelledError | RolloutProtocolVersionError):
         return None
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return TransportFailure.CONNECT_TIMEOUT
     if isinstance(exc, aiohttp.ServerTimeoutError):
-        if _is_connect_timeout(exc):
-            return TransportFailure.CONNECT_TIMEOUT
         return TransportFailure.RETRYABLE
     if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
         return None  # a deadline of the caller's or ours, not a transport failure
@@ -118,7 +104,7 @@ def classify(exc: BaseException) -> TransportFailure | None:
         aiohttp.ServerDisconnectedError
         | aiohttp.ClientPayloadError
         | aiohttp.ClientOSError
-        | _CONNECTION_RESET,
+        | aiohttp.ClientConnectionResetError,
     ):
         return TransportFailure.RETRYABLE
     if type(exc) is aiohttp.ClientConnectionError:
@@ -160,8 +146,7 @@ def make_session() -> aiohttp.ClientSession:
     # aiohttp silently replays an idempotent request once when its connection drops; the
     # result poll has its own documented schedule (0.1 s, 0.5 s), so turn that off here.
     # (aiohttp has no public switch; its own test client flips the same attribute.)
-    if hasattr(session, "_retry_connection"):
-        session._retry_connection = False
+    session._retry_connection = False
     return session
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
 import uuid
@@ -31,6 +30,8 @@ from rollout_types import (
     RolloutInitRequest,
     RolloutLifecycle,
     RolloutStatus,
+    check_api_key,
+    check_seconds,
     fit_json,
     is_terminal,
 )
@@ -398,13 +399,8 @@ class _StatusSink:
         self._registry.set_status(self._record, status)
 
 
-def _check_seconds(name: str, value: Any, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ServerConfigError(f"{name} must be a finite number of seconds; got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ServerConfigError(f"{name} must be {bound} seconds; got {value!r}")
-    return float(value)
+def _check_seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
+    return check_seconds(name, value, allow_zero=allow_zero, error=ServerConfigError)
 
 
 def create_rollout_server(
@@ -474,17 +470,7 @@ def create_rollout_server(
     body_limit: object = max_body_bytes
     if isinstance(body_limit, bool) or not isinstance(body_limit, int) or body_limit < 1:
         raise ServerConfigError(f"max_body_bytes must be a positive int; got {max_body_bytes!r}")
-    key: object = api_key
-    if api_key is not None:
-        if not isinstance(key, str) or not api_key.strip():
-            raise ServerConfigError(
-                "api_key must be a non-blank string, or None to serve without authentication"
-            )
-        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in api_key):
-            raise ServerConfigError(
-                "api_key must not contain control characters (clients cannot send them "
-                "in an Authorization header)"
-            )
+    check_api_key(api_key, error=ServerConfigError)
     timeouts = ShutdownTimeouts() if shutdown_timeouts is None else shutdown_timeouts
     if not isinstance(timeouts, ShutdownTimeouts):
         raise TypeError(

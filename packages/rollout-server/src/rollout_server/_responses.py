@@ -10,10 +10,11 @@ from aiohttp import web
 
 from rollout_types import dumps
 
-__all__ = ["detail_response", "encode_json", "json_response"]
+__all__ = ["LONE_SURROGATE", "detail_response", "encode_json", "json_response"]
 
 _JSON: Final = "application/json"
-_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+"""A lone surrogate: a code point with no UTF-8 form (only a ``\\uXXXX`` escape makes one)."""
 
 
 def _escape_surrogate(match: re.Match[str]) -> str:
@@ -30,7 +31,7 @@ def encode_json(text: str) -> bytes:
     try:
         return text.encode()
     except UnicodeEncodeError:
-        return _LONE_SURROGATE.sub(_escape_surrogate, text).encode()
+        return LONE_SURROGATE.sub(_escape_surrogate, text).encode()
 
 
 class _JsonResponse(web.Response):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from aiohttp import hdrs, web
@@ -35,7 +34,7 @@ from rollout_types import (
 
 from ._middleware import internal_error_response, self_guarded
 from ._registry import RolloutRecord
-from ._responses import detail_response, encode_json, json_response
+from ._responses import LONE_SURROGATE, detail_response, encode_json, json_response
 
 if TYPE_CHECKING:
     from ._app import RolloutServer
@@ -55,7 +54,6 @@ CALLBACK_PROTOCOL: Final = (
 )
 
 _T = TypeVar("_T")
-_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 DEFAULT_RETRY_AFTER_SEC: Final = 5.0
 RETRY_AFTER_BOUNDS_SEC: Final = (1.0, 60.0)
@@ -147,7 +145,7 @@ def build_routes(server: RolloutServer) -> list[web.RouteDef]:
             if type(data) is dict and data.get("completion_callback_url") is not None:
                 return json_response(400, _CALLBACK_BODY)
             init = structure(data, RolloutInitRequest)
-            if _LONE_SURROGATE.search(init.rollout_id):
+            if LONE_SURROGATE.search(init.rollout_id):
                 raise _unencodable_id(init.rollout_id)
         except WireValidationError as exc:
             return detail_response(422, exc.errors)

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
+
+from rollout_types import check_seconds
 
 from ._errors import ServerConfigError
 
@@ -39,12 +40,7 @@ SHUTDOWN_ERR_MESSAGE: Final = "rollout server shut down before the rollout finis
 
 
 def _non_negative_finite(_inst: object, attribute: attrs.Attribute[float], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ServerConfigError(
-            f"{attribute.name} must be a finite number of seconds; got {value!r}"
-        )
-    if value < 0:
-        raise ServerConfigError(f"{attribute.name} must be >= 0 seconds; got {value!r}")
+    check_seconds(attribute.name, value, allow_zero=True, error=ServerConfigError)
 
 
 @attrs.frozen(kw_only=True)
