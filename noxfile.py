@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
 
@@ -38,7 +40,13 @@ from compatibility import (
 )
 
 PYTHONS = ["3.11", "3.12", "3.13"]
-TEST_DEPS = ["pytest>=8", "pytest-aiohttp>=1.0", "hypothesis>=6"]
+# The test toolchain, with the lower bounds the configuration needs: pytest-asyncio (which
+# pytest-aiohttp brings) 0.24 is the first to read asyncio_default_fixture_loop_scope, and
+# it needs pytest 8.2. mypy is pinned like the linters (LINT_DEPS): its checks change
+# between releases, and typecheck must not start failing on a fresh machine because one came
+# out.
+TEST_DEPS = ["pytest>=8.2", "pytest-aiohttp>=1.0.5", "pytest-asyncio>=0.24", "hypothesis>=6.100"]
+MYPY = "mypy==2.4.1"
 ATIF_MODELS = "atif>=1.8,<1.9"
 """Pydantic models of ATIF, the format of the server's ``trajectory.json``: rollout-server's
 tests validate the documents it writes against them (test-only; the server needs none)."""
@@ -191,8 +199,9 @@ def unclassified_server_modules() -> list[str]:
 
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the packages, the typing file, the compatibility table, the noxfile."""
-    session.install("mypy>=1.10", "nox", *TEST_DEPS, "uvloop")
+    """mypy --strict over the packages, the typing file, the dev tools' shared modules
+    (compatibility table, process handling, demo) and the noxfile."""
+    session.install(MYPY, "nox>=2024.10", *TEST_DEPS, "uvloop")
     session.install(
         "-e",
         str(PACKAGES["rollout-types"]),
@@ -208,6 +217,8 @@ def typecheck(session: nox.Session) -> None:
         "packages/rollout-server/src/rollout_server",
         "tests/typing",
         "tools/compatibility.py",
+        "tools/devprocs.py",
+        "tools/demo.py",
         "noxfile.py",
     )
 
@@ -306,6 +317,95 @@ def report_browser(session: nox.Session) -> None:
             "PYTHONDONTWRITEBYTECODE": "1",
         },
     )
+
+
+FLOOR_SUITES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "rollout-types": (("rollout-types",), ()),
+    "rollout-client": (("rollout-types", "rollout-client"), ("uvloop",)),
+    "rollout-server": (("rollout-types", "rollout-server"), ()),
+}
+"""Per distribution under test: the distributions its suite installs, and the extra test
+dependencies of that suite (as in tests_types / tests_client / tests_server)."""
+
+
+def declared_floors(*names: str) -> list[Requirement]:
+    """The third-party requirements the pyprojects of ``names`` declare (markers kept).
+
+    Sibling distributions (``rollout-*``) are left out: the session installs them from
+    this checkout's wheels.
+    """
+    floors: list[Requirement] = []
+    for name in names:
+        pyproject = tomllib.loads((PACKAGES[name] / "pyproject.toml").read_text("utf-8"))
+        for line in pyproject["project"]["dependencies"]:
+            requirement = Requirement(line)
+            if requirement.name not in PACKAGES:
+                floors.append(requirement)
+    return floors
+
+
+def _floor_of(requirement: Requirement) -> str | None:
+    """The version of ``requirement``'s ``>=`` clause, if it has one."""
+    return next((spec.version for spec in requirement.specifier if spec.operator == ">="), None)
+
+
+def _installed_versions(session: nox.Session, names: Sequence[str]) -> dict[str, str | None]:
+    """The versions of ``names`` installed in the session's venv (None: not installed)."""
+    script = (
+        "import json, sys\n"
+        "from importlib.metadata import PackageNotFoundError, version\n"
+        "def get(name):\n"
+        "    try:\n"
+        "        return version(name)\n"
+        "    except PackageNotFoundError:\n"
+        "        return None\n"
+        "print(json.dumps({name: get(name) for name in sys.argv[1:]}))\n"
+    )
+    output = session.run("python", "-c", script, *names, silent=True)
+    found: dict[str, str | None] = json.loads(str(output).strip().splitlines()[-1])
+    return found
+
+
+@nox.session(python="3.11")
+@nox.parametrize("distribution", list(FLOOR_SUITES))
+def floors(session: nox.Session, distribution: str) -> None:
+    """A distribution's own tests with its third-party dependencies at their declared floors.
+
+    The floors are read from the pyprojects: each requirement (``aiohttp>=3.11``, ...) is
+    given to ``uv pip install --resolution lowest-direct`` next to this checkout's wheels,
+    so it resolves to its lower bound; the session checks that it did. The test toolchain
+    is installed afterwards, constrained to those versions (the newest pytest-aiohttp that
+    works with the floor aiohttp, and so on). Python 3.11, the oldest supported. Not in
+    the default set: the three suites take about 3.5 minutes (the server's alone 2).
+    """
+    if session.venv_backend != "uv":
+        session.error("the floors session needs uv (its --resolution lowest-direct)")
+    names, extra_test_deps = FLOOR_SUITES[distribution]
+    requirements = [
+        requirement
+        for requirement in declared_floors(*names)
+        if requirement.marker is None or requirement.marker.evaluate()
+    ]
+    wheels = [str(build_wheel(session, name)) for name in names]
+    session.install("--resolution", "lowest-direct", *wheels, *map(str, requirements))
+    versions = _installed_versions(session, [r.name for r in requirements])
+    problems = []
+    for requirement in requirements:
+        floor, got = _floor_of(requirement), versions[requirement.name]
+        if floor is None:
+            problems.append(f"{requirement} declares no lower bound (>=)")
+        elif got is None or Version(got) != Version(floor):
+            problems.append(f"{requirement} resolved to {got}, not its floor")
+    if problems:
+        session.error("; ".join(problems))
+    session.log("floors: " + ", ".join(f"{name}=={got}" for name, got in versions.items()))
+    constraints = Path(session.create_tmp()) / "floors.txt"
+    constraints.write_text(
+        "".join(f"{name}=={got}\n" for name, got in versions.items()),
+        "utf-8",
+    )
+    session.install(*TEST_DEPS, *extra_test_deps, "--constraint", str(constraints))
+    run_pytest(session, f"packages/{distribution}/tests")
 
 
 DIST_DIR = ROOT / "dist"

@@ -1,35 +1,42 @@
 """Start and stop the benchmark's processes: a rollout server of either stack, a load generator.
 
-Every process gets its own session (so a terminal's Ctrl-C reaches only the suite) and is
-stopped by its own PID: SIGTERM, a bounded wait, then SIGKILL and another bounded wait.
+The process handling itself is ``tools/devprocs.py`` (shared with the demo and the interop
+harness), put on ``sys.path`` here. Every process gets its own session (so a terminal's
+Ctrl-C reaches only the suite) and is stopped by its own PID: SIGTERM, a bounded wait, then
+SIGKILL and another bounded wait.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from devprocs import ManagedProcess, ProcessError, child_env, stop_process, tail
+
 from benchmarks.suite import FLOOR
+
+ROOT: Final = Path(__file__).resolve().parents[1]
+"""The repository root: the working directory of every process, so ``benchmarks`` imports."""
 
 __all__ = [
     "HarnessError",
     "ServerProcess",
     "run_loadgen",
-    "stop_process",
 ]
 
-ROOT: Final = Path(__file__).resolve().parents[1]
-"""The repository root: the working directory of every process, so ``benchmarks`` imports."""
+HarnessError = ProcessError
+"""A benchmark process failed to start, to answer, or to report."""
 
 START_TIMEOUT_SEC: Final = 60.0
 """Longest a server may take to publish its port and answer ``GET /health``."""
@@ -37,7 +44,6 @@ START_TIMEOUT_SEC: Final = 60.0
 STOP_TIMEOUT_SEC: Final = 30.0
 """Longest a server may take to exit after SIGTERM before it is killed."""
 
-KILL_WAIT_SEC: Final = 10.0
 PROFILE_RATE_HZ: Final = 200
 """Samples per second py-spy takes of a profiled server."""
 LOADGEN_GRACE_SEC: Final = 60.0
@@ -48,37 +54,6 @@ _SCRUBBED_ENV: Final = (
     "_OSMOSIS_ROLLOUT_PREVIEW_ROOT",
     "OSMOSIS_ROLLOUT_OTLP_ENDPOINT",
 )
-
-
-class HarnessError(RuntimeError):
-    """A benchmark process failed to start, to answer, or to report."""
-
-
-def stop_process(
-    process: subprocess.Popen[Any],
-    timeout_sec: float = STOP_TIMEOUT_SEC,
-    signal_number: int = signal.SIGTERM,
-) -> int:
-    """Stop ``process`` by its PID: ``signal_number``, wait ``timeout_sec``, then SIGKILL.
-
-    Returns:
-        Its exit status (negative: killed by that signal).
-    """
-    if process.poll() is None:
-        process.send_signal(signal_number)
-        try:
-            return process.wait(timeout_sec)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    return process.wait(KILL_WAIT_SEC)
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 class ServerProcess:
@@ -127,8 +102,8 @@ class ServerProcess:
         self.scratch_dir = scratch_dir
         self.remove_workdir = remove_workdir
         self.profile_path = profile_path
-        self.process: subprocess.Popen[bytes] | None = None
-        self.profiler: subprocess.Popen[bytes] | None = None
+        self.process: ManagedProcess | None = None
+        self.profiler: ManagedProcess | None = None
         self.url = ""
         self._workdir: Path | None = None
 
@@ -165,68 +140,47 @@ class ServerProcess:
         )
         artifacts = self._workdir / "artifacts"
         port_file = self._workdir / "port"
-        env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+        env = child_env(drop=_SCRUBBED_ENV)
         env["ROLLOUT_ARTIFACT_ROOT"] = env["_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"] = str(artifacts)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                self._command(port_file),
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
         try:
-            self._wait_ready(port_file)
+            self.process = ManagedProcess(
+                f"{self.stack} server",
+                self._command(port_file),
+                log_path=self.log_path,
+                env=env,
+                cwd=ROOT,
+                new_session=True,
+            )
+            port = self.process.wait_for_port(
+                port_file=port_file,
+                ready=lambda port: _healthy(f"http://127.0.0.1:{port}"),
+                timeout_sec=START_TIMEOUT_SEC,
+            )
+            self.url = f"http://127.0.0.1:{port}"
             if self.py_spy is not None and self.profile_path is not None:
                 self.profile_path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.log_path.with_suffix(".py-spy.log"), "wb") as spy_log:
-                    self.profiler = subprocess.Popen(
-                        [
-                            self.py_spy,
-                            "record",
-                            "--pid",
-                            str(self.pid),
-                            "--rate",
-                            str(PROFILE_RATE_HZ),
-                            "--nonblocking",
-                            "--format",
-                            "raw",
-                            "--output",
-                            str(self.profile_path),
-                        ],
-                        stdin=subprocess.DEVNULL,
-                        stdout=spy_log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
+                self.profiler = ManagedProcess(
+                    "py-spy",
+                    [
+                        self.py_spy,
+                        "record",
+                        "--pid",
+                        self.pid,
+                        "--rate",
+                        PROFILE_RATE_HZ,
+                        "--nonblocking",
+                        "--format",
+                        "raw",
+                        "--output",
+                        self.profile_path,
+                    ],
+                    log_path=self.log_path.with_suffix(".py-spy.log"),
+                    new_session=True,
+                )
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
-
-    def _wait_ready(self, port_file: Path) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + START_TIMEOUT_SEC
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise HarnessError(
-                    f"{self.stack} server exited with {self.process.returncode} while "
-                    f"starting; its log ends:\n{_tail(self.log_path)}"
-                )
-            if not self.url and port_file.exists():
-                port = port_file.read_text(encoding="ascii").strip()
-                if port.isdigit():
-                    self.url = f"http://127.0.0.1:{port}"
-            if self.url and _healthy(self.url):
-                return
-            time.sleep(0.05)
-        raise HarnessError(
-            f"{self.stack} server did not answer GET /health within {START_TIMEOUT_SEC:.0f} s; "
-            f"its log ends:\n{_tail(self.log_path)}"
-        )
 
     def __exit__(
         self,
@@ -237,12 +191,12 @@ class ServerProcess:
         try:
             if self.profiler is not None:
                 # py-spy writes its output when interrupted, before the server goes away.
-                stop_process(self.profiler, signal_number=signal.SIGINT)
+                self.profiler.stop(signal_number=signal.SIGINT)
         finally:
             self.profiler = None
             try:
                 if self.process is not None:
-                    stop_process(self.process)
+                    self.process.stop(timeout_sec=STOP_TIMEOUT_SEC)
             finally:
                 self.process = None
                 if self._workdir is not None and self.remove_workdir:
@@ -295,7 +249,7 @@ def run_loadgen(
                 stop_process(process, timeout_sec=5.0)
     if process.returncode != 0:
         raise HarnessError(
-            f"load generator exited with {process.returncode}; its log ends:\n{_tail(log_path)}"
+            f"load generator exited with {process.returncode}; its log ends:\n{tail(log_path)}"
         )
     lines = stdout.decode("utf-8", errors="replace").strip().splitlines()
     try:

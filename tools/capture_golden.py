@@ -71,6 +71,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from devprocs import stop_async_process
 
 # Names that exist with the same meaning in osmosis-ai 0.3.2 and 0.3.8. Anything
 # version-specific is imported inside the function that needs it.
@@ -106,6 +107,7 @@ WRONG_LEASE = "not-the-lease-token"
 RESULT_WAIT_SEC = 1.0
 POLLING_LEASE_SEC = 3.0
 RETENTION_SEC = 60.0
+LEGACY_CHILD_TIMEOUT_SEC = 90.0
 
 PROMPT: list[dict[str, Any]] = [
     {"role": "system", "content": "You are a careful calculator."},
@@ -540,11 +542,250 @@ class Driver:
         return exchange
 
 
-async def capture_current(golden_root: Path, legacy_python: str | None, verbose: bool) -> None:
-    """Capture the osmosis-ai 0.3.8 set (and, via a child process, the 0.3.2 set)."""
-    from osmosis_ai.rollout.client import RolloutClient, RolloutProtocolError
+TERMINAL_OUTCOMES: tuple[tuple[str, str, dict[str, Any], str], ...] = (
+    (
+        "result_success_remove_sample.json",
+        "golden-remove-sample",
+        {"metadata": {"grader": "remove_sample"}},
+        "Grader set reward 0.7 and remove_sample=true: success with reward nulled.",
+    ),
+    (
+        "result_success_ungraded.json",
+        "golden-ungraded",
+        {"grade": False},
+        "grade=false: success with the workflow sample and reward null.",
+    ),
+    (
+        "result_failure_validation_error.json",
+        "golden-value-error",
+        {"metadata": {"workflow": "value_error"}},
+        "Workflow raised ValueError: failure/validation_error, no sample.",
+    ),
+    (
+        "result_failure_agent_error.json",
+        "golden-agent-error",
+        {"metadata": {"workflow": "runtime_error"}},
+        "Workflow raised RuntimeError: failure/agent_error, no sample.",
+    ),
+    (
+        "result_failure_timeout.json",
+        "golden-timeout",
+        {"metadata": {"workflow": "sleep", "seconds": 30}, "agent_timeout_sec": 0.5},
+        "agent_timeout_sec=0.5 hit by a sleeping workflow: failure/timeout.",
+    ),
+    (
+        "result_failure_grader_timeout.json",
+        "golden-grader-timeout",
+        {"metadata": {"grader": "sleep", "seconds": 30}, "grader_timeout_sec": 0.5},
+        "grader_timeout_sec=0.5 hit: failure/timeout with the sample, reward null.",
+    ),
+    (
+        "result_failure_no_reward.json",
+        "golden-no-reward",
+        {"metadata": {"grader": "no_reward"}},
+        "Grader returned without a reward: failure/validation_error with sample.",
+    ),
+    (
+        "result_failure_internal_error.json",
+        "golden-internal-error",
+        {"metadata": {"workflow": "crash"}},
+        "Backend raised a BaseException subclass: the task crashed and the server "
+        "published failure/internal_error (0.3.6+).",
+    ),
+)
+"""(file, rollout id, run_rollout arguments besides the label, description) of each
+terminal outcome the osmosis client reaches on the main server."""
 
-    out = GoldenWriter(golden_root / f"osmosis-{CURRENT_VERSION}")
+ERROR_CASES: tuple[tuple[str, str, str, dict[str, Any], str], ...] = (
+    (
+        "error_409.json",
+        "POST",
+        "/rollout",
+        {"json": init_body("golden-minimal")},
+        "Re-admitting an id whose result is retained.",
+    ),
+    (
+        "error_403.json",
+        "GET",
+        "/rollout/golden-minimal/result",
+        {"headers": {"X-Osmosis-Rollout-Lease": WRONG_LEASE}},
+        "Known id, wrong lease token.",
+    ),
+    (
+        "error_404.json",
+        "GET",
+        "/rollout/golden-unknown/result",
+        {"headers": {"X-Osmosis-Rollout-Lease": WRONG_LEASE}},
+        "Unknown rollout id (any token).",
+    ),
+    (
+        "error_404_unknown_route.json",
+        "GET",
+        "/nothing",
+        {},
+        "A path no route matches.",
+    ),
+    (
+        "error_405.json",
+        "GET",
+        "/rollout",
+        {},
+        "Wrong method on an existing route (FastAPI adds an Allow header).",
+    ),
+    (
+        "error_422_missing_header.json",
+        "GET",
+        "/rollout/golden-minimal/result",
+        {},
+        "Poll without the X-Osmosis-Rollout-Lease header.",
+    ),
+    (
+        "error_422_empty_header.json",
+        "GET",
+        "/rollout/golden-minimal/result",
+        {"headers": {"X-Osmosis-Rollout-Lease": ""}},
+        "Poll with an empty X-Osmosis-Rollout-Lease header.",
+    ),
+    (
+        "error_422_rollout_id.json",
+        "POST",
+        "/rollout",
+        {"json": init_body("bad/id")},
+        "rollout_id with a path separator.",
+    ),
+    (
+        "error_422_rollout_id_type.json",
+        "POST",
+        "/rollout",
+        {"json": {**init_body("golden-number-id"), "rollout_id": 7}},
+        "rollout_id sent as a JSON number (not coerced).",
+    ),
+    (
+        "error_422_llm_api_key.json",
+        "POST",
+        "/rollout",
+        {"json": init_body("golden-empty-key", llm_api_key="")},
+        "llm_api_key set to the empty string.",
+    ),
+    (
+        "error_422_missing_fields.json",
+        "POST",
+        "/rollout",
+        {"json": {}},
+        "Admission body without the three required keys.",
+    ),
+    (
+        "error_422_json_invalid.json",
+        "POST",
+        "/rollout",
+        {
+            "content": b'{"rollout_id": ',
+            "headers": {"Content-Type": "application/json"},
+        },
+        "Undecodable JSON body.",
+    ),
+    (
+        "error_422_empty_body.json",
+        "POST",
+        "/rollout",
+        {"content": b"", "headers": {"Content-Type": "application/json"}},
+        "An empty request body.",
+    ),
+    (
+        "error_422_text_plain.json",
+        "POST",
+        "/rollout",
+        {
+            "content": json.dumps(init_body("golden-text-plain")),
+            "headers": {"Content-Type": "text/plain"},
+        },
+        "A valid JSON object sent as text/plain is not parsed as JSON.",
+    ),
+    (
+        "error_422_body_not_object.json",
+        "POST",
+        "/rollout",
+        {"json": [1, 2, 3]},
+        "A JSON body that is not an object.",
+    ),
+    (
+        "error_422_cancel_selector.json",
+        "POST",
+        "/rollout/cancel",
+        {"json": {"ids": ["golden-minimal"], "prefix": None, "all": True}},
+        "Two cancel selectors at once: 422 with a string detail.",
+    ),
+    (
+        "error_422_cancel_no_selector.json",
+        "POST",
+        "/rollout/cancel",
+        {"json": {"ids": None, "prefix": None, "all": False}},
+        "No cancel selector: 422 with a string detail.",
+    ),
+    (
+        "error_422_cancel_list_type.json",
+        "POST",
+        "/rollout/cancel",
+        {"json": {"ids": "golden-minimal"}},
+        "ids of the wrong JSON type.",
+    ),
+    (
+        "error_500_nonfinite_timeout.json",
+        "POST",
+        "/rollout",
+        {
+            "content": json.dumps(init_body("golden-nan", agent_timeout_sec=float("nan"))),
+            "headers": {"Content-Type": "application/json"},
+        },
+        "agent_timeout_sec as the non-standard NaN literal: osmosis fails to "
+        "encode its own 422 and answers 500 text/plain.",
+    ),
+)
+"""(file, method, path, httpx arguments, description) of each error body the main server
+answers to a raw request."""
+
+
+@dataclass
+class CurrentCapture:
+    """The four recorded osmosis-ai 0.3.8 servers of one capture and what drives them.
+
+    ``main`` serves a LocalBackend with the golden workflow and grader; ``nograder``
+    the same without a grader; ``full`` one whose ``has_capacity()`` is False; ``auth``
+    one that requires ``Bearer GOLDEN_SERVER_KEY``.
+    """
+
+    out: GoldenWriter
+    main: Driver
+    client: Any
+    auth_client: Any
+    auth_http: httpx.AsyncClient
+    auth_rec: Recorder
+    nograder_client: Any
+    nograder_rec: Recorder
+    full_http: httpx.AsyncClient
+    full_rec: Recorder
+
+    async def via_client(
+        self, rollout_client: Any, recorder: Recorder, rollout_id: str, **kwargs: Any
+    ) -> tuple[Exchange, Exchange]:
+        """Run one rollout with the osmosis client; return (admission, final poll)."""
+        kwargs.setdefault("initial_messages", PROMPT)
+        kwargs.setdefault("chat_completions_url", chat_url(rollout_id))
+        handle = await rollout_client.run_rollout_async(rollout_id=rollout_id, **kwargs)
+        admission = recorder.last("POST", "/rollout")
+        token = json.loads(admission.response_body)["polling_lease_token"]
+        self.out.replace(token, GOLDEN_LEASE_TOKEN, "polling_lease_token")
+        result = await handle
+        final = recorder.last("GET", f"/rollout/{rollout_id}/result")
+        assert json.loads(final.response_body)["status"] == result.status.value
+        return admission, final
+
+
+@contextlib.asynccontextmanager
+async def current_servers(out: GoldenWriter, *, verbose: bool) -> AsyncIterator[CurrentCapture]:
+    """Serve the four 0.3.8 servers of :class:`CurrentCapture` for the ``with`` block."""
+    from osmosis_ai.rollout.client import RolloutClient
+
     timings = {
         "result_wait_timeout_sec": RESULT_WAIT_SEC,
         "polling_lease_timeout_sec": POLLING_LEASE_SEC,
@@ -565,484 +806,350 @@ async def capture_current(golden_root: Path, legacy_python: str | None, verbose:
         httpx.AsyncClient(base_url=full_url, timeout=15) as full_http,
         httpx.AsyncClient(base_url=auth_url, timeout=15) as auth_http,
     ):
-        main = Driver(main_http, main_rec, out)
-        client = RolloutClient(url=main_url)
-        auth_client = RolloutClient(url=auth_url, api_key=GOLDEN_SERVER_KEY)
-        nograder_client = RolloutClient(url=nograder_url)
+        capture = CurrentCapture(
+            out=out,
+            main=Driver(main_http, main_rec, out),
+            client=RolloutClient(url=main_url),
+            auth_client=RolloutClient(url=auth_url, api_key=GOLDEN_SERVER_KEY),
+            auth_http=auth_http,
+            auth_rec=auth_rec,
+            nograder_client=RolloutClient(url=nograder_url),
+            nograder_rec=nograder_rec,
+            full_http=full_http,
+            full_rec=full_rec,
+        )
+        yield capture
+        for rollout_client in (capture.client, capture.auth_client, capture.nograder_client):
+            await rollout_client.aclose()
 
-        async def via_client(
-            rollout_client: Any, recorder: Recorder, rollout_id: str, **kwargs: Any
-        ) -> tuple[Exchange, Exchange]:
-            """Run one rollout with the osmosis client; return (admission, final poll)."""
-            kwargs.setdefault("initial_messages", PROMPT)
-            kwargs.setdefault("chat_completions_url", chat_url(rollout_id))
-            handle = await rollout_client.run_rollout_async(rollout_id=rollout_id, **kwargs)
-            admission = recorder.last("POST", "/rollout")
-            token = json.loads(admission.response_body)["polling_lease_token"]
-            out.replace(token, GOLDEN_LEASE_TOKEN, "polling_lease_token")
-            result = await handle
-            final = recorder.last("GET", f"/rollout/{rollout_id}/result")
-            assert json.loads(final.response_body)["status"] == result.status.value
-            return admission, final
 
-        # --- health, idle --------------------------------------------------------------
-        out.response(
-            "health.json",
-            await main.health(),
-            source=RAW,
-            description="GET /health on an idle LocalBackend server (default max_concurrent 4).",
-        )
+async def capture_current(golden_root: Path, legacy_python: str | None, verbose: bool) -> None:
+    """Capture the osmosis-ai 0.3.8 set (and, via a child process, the 0.3.2 set).
 
-        # --- admission bodies exactly as the osmosis client sends them -----------------
-        admission, final = await via_client(client, main_rec, "golden-minimal")
-        out.request(
-            "init_request_minimal.json",
-            admission,
-            source=CLIENT,
-            description="client.run_rollout(initial_messages, chat_completions_url, "
-            "rollout_id) with every optional argument left at its default.",
-        )
-        out.response(
-            "init_response.json",
-            admission,
-            source=SERVER,
-            description="202 admission response (server built with "
-            f"result_wait_timeout_sec={RESULT_WAIT_SEC}, "
-            f"polling_lease_timeout_sec={POLLING_LEASE_SEC}).",
-        )
-        poll_headers = {
-            h: final.request_headers[h] for h in REQUEST_HEADERS if h in final.request_headers
-        }
-        out.request(
-            "result_poll_request_headers.json",
-            final,
-            body={"method": final.method, "path": final.path, "headers": poll_headers},
-            source=CLIENT,
-            description="The long-poll GET carries no body; this file lists the headers "
-            "the osmosis client sends on it.",
-        )
-        out.response(
-            "result_failure_no_label_no_metadata.json",
-            final,
-            source=SERVER,
-            description="Grader configured but label and metadata both null: the grading "
-            "gate fails and the wire result is an all-null failure.",
-        )
-
-        admission, final = await via_client(
-            auth_client,
-            auth_rec,
-            "golden-full",
-            label=LABEL,
-            metadata={"topic": "arithmetic", "difficulty": 1},
-            llm_api_key=GOLDEN_LLM_KEY,
-            grade=True,
-            agent_timeout_sec=30.0,
-            grader_timeout_sec=15.0,
-            extra_fields={"row_index": 3, "run_index": 0},
-        )
-        out.request(
-            "init_request_full.json",
-            admission,
-            source=f"{CLIENT} (built with api_key, sent to an auth-enabled server)",
-            description="client.run_rollout with label, metadata, llm_api_key, both "
-            "timeouts, grade=True and extra_fields set.",
-        )
-        out.response(
-            "result_success.json",
-            final,
-            source=SERVER,
-            description="Final poll of golden-full: workflow returned messages and "
-            "metrics, grader set reward 0.5.",
-        )
-
-        # --- in-flight states, busy health, cancellation -------------------------------
-        token = await main.admit(
-            init_body("golden-running", metadata={"workflow": "sleep", "seconds": 30})
-        )
-        out.response(
-            "result_running.json",
-            await main.poll("golden-running", token),
-            source=SERVER,
-            description="Poll of a sleeping workflow; returns after at most "
-            "result_wait_timeout_sec with status running and everything else null.",
-        )
-        out.response(
-            "health_busy.json",
-            await main.health(),
-            source=RAW,
-            description="GET /health while exactly one rollout is executing.",
-        )
-        await client.cancel_rollout("golden-running")
-        cancel = main_rec.last("POST", "/rollout/cancel")
-        out.request(
-            "cancel_request_ids.json",
-            cancel,
-            source=CLIENT,
-            description="client.cancel_rollout(rollout_id): the ids selector with "
-            "explicit null/false for the other selectors.",
-        )
-        out.response(
-            "cancel_response.json",
-            cancel,
-            source=SERVER,
-            description="Dispositions after cancelling one running rollout.",
-        )
-        out.response(
-            "result_cancelled.json",
-            await main.poll_until_final("golden-running", token),
-            source=SERVER,
-            description="Final poll after cancelling a running rollout (LocalBackend: "
-            "the server cancels its own task).",
-        )
-        out.response(
-            "cancel_response_not_found.json",
-            await main.send("POST", "/rollout/cancel", json={"ids": ["golden-running"]}),
-            source=SERVER,
-            description="Repeating the cancel after the result was published.",
-            include_request=True,
-        )
-
-        done_token = await main.admit(init_body("golden-cancel-done"))
-        await main.poll_until_final("golden-cancel-done", done_token)
-        sleep_token = await main.admit(
-            init_body("golden-cancel-sleep", metadata={"workflow": "sleep", "seconds": 30})
-        )
-        await main.poll("golden-cancel-sleep", sleep_token)  # wait until it is running
-        prefix_body = {"prefix": "golden-cancel-"}
-        exchange = await main.send("POST", "/rollout/cancel", json=prefix_body)
-        out.request(
-            "cancel_request_prefix.json",
-            exchange,
-            source="hand-written (keys omitted on purpose); accepted with 200",
-            description="Prefix selector with the other selectors omitted.",
-        )
-        out.response(
-            "cancel_response_prefix.json",
-            exchange,
-            source=SERVER,
-            description="Prefix cancel over one finished (not_found) and one running "
-            "(cancelled_running) rollout.",
-        )
-        await main.poll_until_final("golden-cancel-sleep", sleep_token)
-
-        all_token = await main.admit(
-            init_body("golden-cancel-all", metadata={"workflow": "sleep", "seconds": 30})
-        )
-        await main.poll("golden-cancel-all", all_token)
-        exchange = await main.send("POST", "/rollout/cancel", json={"all": True})
-        out.request(
-            "cancel_request_all.json",
-            exchange,
-            source="hand-written (keys omitted on purpose); accepted with 200",
-            description="All selector with the other selectors omitted.",
-        )
-        out.response(
-            "cancel_response_all.json",
-            exchange,
-            source=SERVER,
-            description="all=true lists every id the server holds, finished ones as "
-            "not_found, in registration order.",
-        )
-        await main.poll_until_final("golden-cancel-all", all_token)
-
-        # --- lease expiry runs in the background while the rest is captured ------------
-        async def lease_expiry() -> Exchange:
-            lease_token = await main.admit(
-                init_body("golden-lease-expired", metadata={"workflow": "sleep", "seconds": 30})
-            )
-            await asyncio.sleep(POLLING_LEASE_SEC + 0.5)
-            return await main.poll("golden-lease-expired", lease_token)
-
-        lease_task = asyncio.create_task(lease_expiry())
+    The scenarios run in this order on purpose: ``cancel_response_all.json`` lists every id
+    the main server holds, and the lease-expiry rollout is admitted before the terminal
+    outcomes so that its lease runs out while they are captured.
+    """
+    out = GoldenWriter(golden_root / f"osmosis-{CURRENT_VERSION}")
+    async with current_servers(out, verbose=verbose) as capture:
+        await capture_health_idle(capture)
+        await capture_minimal_rollout(capture)
+        await capture_full_rollout(capture)
+        await capture_running_and_cancelled(capture)
+        await capture_cancel_by_prefix(capture)
+        await capture_cancel_all(capture)
+        lease_expiry = asyncio.create_task(poll_after_lease_expiry(capture))
         await asyncio.sleep(0.2)  # let it admit before the next ids are registered
-
-        # --- terminal outcomes through the osmosis client ------------------------------
-        outcomes: list[tuple[str, str, dict[str, Any], str]] = [
-            (
-                "result_success_remove_sample.json",
-                "golden-remove-sample",
-                {"metadata": {"grader": "remove_sample"}},
-                "Grader set reward 0.7 and remove_sample=true: success with reward nulled.",
-            ),
-            (
-                "result_success_ungraded.json",
-                "golden-ungraded",
-                {"grade": False},
-                "grade=false: success with the workflow sample and reward null.",
-            ),
-            (
-                "result_failure_validation_error.json",
-                "golden-value-error",
-                {"metadata": {"workflow": "value_error"}},
-                "Workflow raised ValueError: failure/validation_error, no sample.",
-            ),
-            (
-                "result_failure_agent_error.json",
-                "golden-agent-error",
-                {"metadata": {"workflow": "runtime_error"}},
-                "Workflow raised RuntimeError: failure/agent_error, no sample.",
-            ),
-            (
-                "result_failure_timeout.json",
-                "golden-timeout",
-                {"metadata": {"workflow": "sleep", "seconds": 30}, "agent_timeout_sec": 0.5},
-                "agent_timeout_sec=0.5 hit by a sleeping workflow: failure/timeout.",
-            ),
-            (
-                "result_failure_grader_timeout.json",
-                "golden-grader-timeout",
-                {"metadata": {"grader": "sleep", "seconds": 30}, "grader_timeout_sec": 0.5},
-                "grader_timeout_sec=0.5 hit: failure/timeout with the sample, reward null.",
-            ),
-            (
-                "result_failure_no_reward.json",
-                "golden-no-reward",
-                {"metadata": {"grader": "no_reward"}},
-                "Grader returned without a reward: failure/validation_error with sample.",
-            ),
-            (
-                "result_failure_internal_error.json",
-                "golden-internal-error",
-                {"metadata": {"workflow": "crash"}},
-                "Backend raised a BaseException subclass: the task crashed and the server "
-                "published failure/internal_error (0.3.6+).",
-            ),
-        ]
-        for name, rollout_id, kwargs, description in outcomes:
-            kwargs.setdefault("label", LABEL)
-            _, final = await via_client(client, main_rec, rollout_id, **kwargs)
-            out.response(name, final, source=SERVER, description=description)
-
-        _, final = await via_client(nograder_client, nograder_rec, "golden-no-grader", label=LABEL)
-        out.response(
-            "result_failure_no_grader.json",
-            final,
-            source=f"{SERVER}, LocalBackend without a grader",
-            description="No grader configured, grade=true: all-null failure.",
-        )
-
-        # --- error bodies ----------------------------------------------------------------
-        errors: list[tuple[str, str, str, dict[str, Any], str]] = [
-            (
-                "error_409.json",
-                "POST",
-                "/rollout",
-                {"json": init_body("golden-minimal")},
-                "Re-admitting an id whose result is retained.",
-            ),
-            (
-                "error_403.json",
-                "GET",
-                "/rollout/golden-minimal/result",
-                {"headers": {"X-Osmosis-Rollout-Lease": WRONG_LEASE}},
-                "Known id, wrong lease token.",
-            ),
-            (
-                "error_404.json",
-                "GET",
-                "/rollout/golden-unknown/result",
-                {"headers": {"X-Osmosis-Rollout-Lease": WRONG_LEASE}},
-                "Unknown rollout id (any token).",
-            ),
-            (
-                "error_404_unknown_route.json",
-                "GET",
-                "/nothing",
-                {},
-                "A path no route matches.",
-            ),
-            (
-                "error_405.json",
-                "GET",
-                "/rollout",
-                {},
-                "Wrong method on an existing route (FastAPI adds an Allow header).",
-            ),
-            (
-                "error_422_missing_header.json",
-                "GET",
-                "/rollout/golden-minimal/result",
-                {},
-                "Poll without the X-Osmosis-Rollout-Lease header.",
-            ),
-            (
-                "error_422_empty_header.json",
-                "GET",
-                "/rollout/golden-minimal/result",
-                {"headers": {"X-Osmosis-Rollout-Lease": ""}},
-                "Poll with an empty X-Osmosis-Rollout-Lease header.",
-            ),
-            (
-                "error_422_rollout_id.json",
-                "POST",
-                "/rollout",
-                {"json": init_body("bad/id")},
-                "rollout_id with a path separator.",
-            ),
-            (
-                "error_422_rollout_id_type.json",
-                "POST",
-                "/rollout",
-                {"json": {**init_body("golden-number-id"), "rollout_id": 7}},
-                "rollout_id sent as a JSON number (not coerced).",
-            ),
-            (
-                "error_422_llm_api_key.json",
-                "POST",
-                "/rollout",
-                {"json": init_body("golden-empty-key", llm_api_key="")},
-                "llm_api_key set to the empty string.",
-            ),
-            (
-                "error_422_missing_fields.json",
-                "POST",
-                "/rollout",
-                {"json": {}},
-                "Admission body without the three required keys.",
-            ),
-            (
-                "error_422_json_invalid.json",
-                "POST",
-                "/rollout",
-                {
-                    "content": b'{"rollout_id": ',
-                    "headers": {"Content-Type": "application/json"},
-                },
-                "Undecodable JSON body.",
-            ),
-            (
-                "error_422_empty_body.json",
-                "POST",
-                "/rollout",
-                {"content": b"", "headers": {"Content-Type": "application/json"}},
-                "An empty request body.",
-            ),
-            (
-                "error_422_text_plain.json",
-                "POST",
-                "/rollout",
-                {
-                    "content": json.dumps(init_body("golden-text-plain")),
-                    "headers": {"Content-Type": "text/plain"},
-                },
-                "A valid JSON object sent as text/plain is not parsed as JSON.",
-            ),
-            (
-                "error_422_body_not_object.json",
-                "POST",
-                "/rollout",
-                {"json": [1, 2, 3]},
-                "A JSON body that is not an object.",
-            ),
-            (
-                "error_422_cancel_selector.json",
-                "POST",
-                "/rollout/cancel",
-                {"json": {"ids": ["golden-minimal"], "prefix": None, "all": True}},
-                "Two cancel selectors at once: 422 with a string detail.",
-            ),
-            (
-                "error_422_cancel_no_selector.json",
-                "POST",
-                "/rollout/cancel",
-                {"json": {"ids": None, "prefix": None, "all": False}},
-                "No cancel selector: 422 with a string detail.",
-            ),
-            (
-                "error_422_cancel_list_type.json",
-                "POST",
-                "/rollout/cancel",
-                {"json": {"ids": "golden-minimal"}},
-                "ids of the wrong JSON type.",
-            ),
-            (
-                "error_500_nonfinite_timeout.json",
-                "POST",
-                "/rollout",
-                {
-                    "content": json.dumps(init_body("golden-nan", agent_timeout_sec=float("nan"))),
-                    "headers": {"Content-Type": "application/json"},
-                },
-                "agent_timeout_sec as the non-standard NaN literal: osmosis fails to "
-                "encode its own 422 and answers 500 text/plain.",
-            ),
-        ]
-        for name, method, path, kwargs, description in errors:
-            exchange = await main.send(method, path, **kwargs)
-            out.response(name, exchange, source=RAW, description=description, include_request=True)
-
-        await auth_http.post("/rollout", json=init_body("golden-unauthorized"))
-        out.response(
-            "error_401.json",
-            auth_rec.last("POST", "/rollout"),
-            source=f"{RAW}; server built with api_key",
-            description="No Authorization header on an auth-enabled server.",
-            include_request=True,
-        )
-        await auth_http.get("/nothing", headers={"Authorization": f"bearer {GOLDEN_SERVER_KEY}"})
-        out.response(
-            "error_401_unknown_route.json",
-            auth_rec.last("GET", "/nothing"),
-            source=f"{RAW}; server built with api_key",
-            description="Lower-case 'bearer' scheme on an unknown path: auth runs before "
-            "routing, so 401 rather than 404.",
-        )
-        await full_http.post("/rollout", json=init_body("golden-full-queue"))
-        out.response(
-            "error_429.json",
-            full_rec.last("POST", "/rollout"),
-            source=f"{RAW}; backend.has_capacity() returns False",
-            description="Capacity refusal with Retry-After.",
-            include_request=True,
-        )
+        await capture_terminal_outcomes(capture)
+        await capture_error_bodies(capture)
+        await capture_auth_refusals(capture)
+        await capture_capacity_refusal(capture)
         await capture_shutdown_503(out)
-
         out.response(
             "result_lease_expired.json",
-            await lease_task,
+            await lease_expiry,
             source=SERVER,
             description=f"No poll for polling_lease_timeout_sec={POLLING_LEASE_SEC}: "
             "failure/lease_expired, then a late poll.",
         )
-
-        # --- cross-version: 0.3.2 caller and server ------------------------------------
         if legacy_python:
-            legacy_dir = golden_root / f"osmosis-{LEGACY_VERSION}"
             await run_legacy_child(legacy_python, golden_root, verbose)
-            legacy_body = json.loads(
-                (legacy_dir / "init_request_callback_protocol.json").read_text("utf-8")
-            )
-            exchange = await main.send("POST", "/rollout", json=legacy_body)
-            token = json.loads(exchange.response_body)["polling_lease_token"]
-            out.replace(token, GOLDEN_LEASE_TOKEN, "polling_lease_token")
-            out.response(
-                "init_response_to_callback_protocol_request.json",
-                exchange,
-                source=SERVER,
-                description="The 0.3.2 HttpRolloutDriver body (from "
-                f"osmosis-{LEGACY_VERSION}/init_request_callback_protocol.json) is admitted: "
-                "the callback keys are ignored, and no callback will ever be sent.",
-            )
-            await main.poll_until_final(legacy_body["rollout_id"], token)
-
-        # The osmosis client against a 0.3.2-style refusal is covered by the legacy set;
-        # here, confirm the 0.3.8 client turns a 409 into RolloutProtocolError(409).
-        refused: RolloutProtocolError | None = None
-        try:
-            await client.run_rollout_async(
-                initial_messages=PROMPT,
-                chat_completions_url=chat_url("golden-minimal"),
-                rollout_id="golden-minimal",
-            )
-        except RolloutProtocolError as exc:
-            refused = exc
-        if refused is None or refused.status_code != 409:
-            raise AssertionError(f"duplicate admission was not refused with 409: {refused!r}")
-
-        for rollout_client in (client, auth_client, nograder_client):
-            await rollout_client.aclose()
+            await capture_callback_protocol_admission(capture, golden_root)
+        await check_duplicate_refused(capture)
     out.finish()
+
+
+async def capture_health_idle(capture: CurrentCapture) -> None:
+    """``health.json``: an idle server."""
+    capture.out.response(
+        "health.json",
+        await capture.main.health(),
+        source=RAW,
+        description="GET /health on an idle LocalBackend server (default max_concurrent 4).",
+    )
+
+
+async def capture_minimal_rollout(capture: CurrentCapture) -> None:
+    """The admission body of the osmosis client with every default, and what follows it."""
+    out = capture.out
+    admission, final = await capture.via_client(
+        capture.client, capture.main.recorder, "golden-minimal"
+    )
+    out.request(
+        "init_request_minimal.json",
+        admission,
+        source=CLIENT,
+        description="client.run_rollout(initial_messages, chat_completions_url, "
+        "rollout_id) with every optional argument left at its default.",
+    )
+    out.response(
+        "init_response.json",
+        admission,
+        source=SERVER,
+        description="202 admission response (server built with "
+        f"result_wait_timeout_sec={RESULT_WAIT_SEC}, "
+        f"polling_lease_timeout_sec={POLLING_LEASE_SEC}).",
+    )
+    poll_headers = {
+        h: final.request_headers[h] for h in REQUEST_HEADERS if h in final.request_headers
+    }
+    out.request(
+        "result_poll_request_headers.json",
+        final,
+        body={"method": final.method, "path": final.path, "headers": poll_headers},
+        source=CLIENT,
+        description="The long-poll GET carries no body; this file lists the headers "
+        "the osmosis client sends on it.",
+    )
+    out.response(
+        "result_failure_no_label_no_metadata.json",
+        final,
+        source=SERVER,
+        description="Grader configured but label and metadata both null: the grading "
+        "gate fails and the wire result is an all-null failure.",
+    )
+
+
+async def capture_full_rollout(capture: CurrentCapture) -> None:
+    """The admission body with every optional argument set, and its successful result."""
+    admission, final = await capture.via_client(
+        capture.auth_client,
+        capture.auth_rec,
+        "golden-full",
+        label=LABEL,
+        metadata={"topic": "arithmetic", "difficulty": 1},
+        llm_api_key=GOLDEN_LLM_KEY,
+        grade=True,
+        agent_timeout_sec=30.0,
+        grader_timeout_sec=15.0,
+        extra_fields={"row_index": 3, "run_index": 0},
+    )
+    capture.out.request(
+        "init_request_full.json",
+        admission,
+        source=f"{CLIENT} (built with api_key, sent to an auth-enabled server)",
+        description="client.run_rollout with label, metadata, llm_api_key, both "
+        "timeouts, grade=True and extra_fields set.",
+    )
+    capture.out.response(
+        "result_success.json",
+        final,
+        source=SERVER,
+        description="Final poll of golden-full: workflow returned messages and "
+        "metrics, grader set reward 0.5.",
+    )
+
+
+async def capture_running_and_cancelled(capture: CurrentCapture) -> None:
+    """A running rollout's poll, busy health, the client's cancel, and the cancelled result."""
+    out, main = capture.out, capture.main
+    token = await main.admit(
+        init_body("golden-running", metadata={"workflow": "sleep", "seconds": 30})
+    )
+    out.response(
+        "result_running.json",
+        await main.poll("golden-running", token),
+        source=SERVER,
+        description="Poll of a sleeping workflow; returns after at most "
+        "result_wait_timeout_sec with status running and everything else null.",
+    )
+    out.response(
+        "health_busy.json",
+        await main.health(),
+        source=RAW,
+        description="GET /health while exactly one rollout is executing.",
+    )
+    await capture.client.cancel_rollout("golden-running")
+    cancel = main.recorder.last("POST", "/rollout/cancel")
+    out.request(
+        "cancel_request_ids.json",
+        cancel,
+        source=CLIENT,
+        description="client.cancel_rollout(rollout_id): the ids selector with "
+        "explicit null/false for the other selectors.",
+    )
+    out.response(
+        "cancel_response.json",
+        cancel,
+        source=SERVER,
+        description="Dispositions after cancelling one running rollout.",
+    )
+    out.response(
+        "result_cancelled.json",
+        await main.poll_until_final("golden-running", token),
+        source=SERVER,
+        description="Final poll after cancelling a running rollout (LocalBackend: "
+        "the server cancels its own task).",
+    )
+    out.response(
+        "cancel_response_not_found.json",
+        await main.send("POST", "/rollout/cancel", json={"ids": ["golden-running"]}),
+        source=SERVER,
+        description="Repeating the cancel after the result was published.",
+        include_request=True,
+    )
+
+
+async def capture_cancel_by_prefix(capture: CurrentCapture) -> None:
+    """A prefix cancel over one finished and one running rollout."""
+    out, main = capture.out, capture.main
+    done_token = await main.admit(init_body("golden-cancel-done"))
+    await main.poll_until_final("golden-cancel-done", done_token)
+    sleep_token = await main.admit(
+        init_body("golden-cancel-sleep", metadata={"workflow": "sleep", "seconds": 30})
+    )
+    await main.poll("golden-cancel-sleep", sleep_token)  # wait until it is running
+    exchange = await main.send("POST", "/rollout/cancel", json={"prefix": "golden-cancel-"})
+    out.request(
+        "cancel_request_prefix.json",
+        exchange,
+        source="hand-written (keys omitted on purpose); accepted with 200",
+        description="Prefix selector with the other selectors omitted.",
+    )
+    out.response(
+        "cancel_response_prefix.json",
+        exchange,
+        source=SERVER,
+        description="Prefix cancel over one finished (not_found) and one running "
+        "(cancelled_running) rollout.",
+    )
+    await main.poll_until_final("golden-cancel-sleep", sleep_token)
+
+
+async def capture_cancel_all(capture: CurrentCapture) -> None:
+    """``all=true``: every id the server holds, in registration order."""
+    out, main = capture.out, capture.main
+    all_token = await main.admit(
+        init_body("golden-cancel-all", metadata={"workflow": "sleep", "seconds": 30})
+    )
+    await main.poll("golden-cancel-all", all_token)
+    exchange = await main.send("POST", "/rollout/cancel", json={"all": True})
+    out.request(
+        "cancel_request_all.json",
+        exchange,
+        source="hand-written (keys omitted on purpose); accepted with 200",
+        description="All selector with the other selectors omitted.",
+    )
+    out.response(
+        "cancel_response_all.json",
+        exchange,
+        source=SERVER,
+        description="all=true lists every id the server holds, finished ones as "
+        "not_found, in registration order.",
+    )
+    await main.poll_until_final("golden-cancel-all", all_token)
+
+
+async def poll_after_lease_expiry(capture: CurrentCapture) -> Exchange:
+    """Admit a sleeping rollout, never poll it until its lease expired, then poll once."""
+    main = capture.main
+    lease_token = await main.admit(
+        init_body("golden-lease-expired", metadata={"workflow": "sleep", "seconds": 30})
+    )
+    await asyncio.sleep(POLLING_LEASE_SEC + 0.5)
+    return await main.poll("golden-lease-expired", lease_token)
+
+
+async def capture_terminal_outcomes(capture: CurrentCapture) -> None:
+    """Each of :data:`TERMINAL_OUTCOMES` through the osmosis client, then a grader-less one."""
+    for name, rollout_id, arguments, description in TERMINAL_OUTCOMES:
+        _, final = await capture.via_client(
+            capture.client, capture.main.recorder, rollout_id, **{"label": LABEL, **arguments}
+        )
+        capture.out.response(name, final, source=SERVER, description=description)
+    _, final = await capture.via_client(
+        capture.nograder_client, capture.nograder_rec, "golden-no-grader", label=LABEL
+    )
+    capture.out.response(
+        "result_failure_no_grader.json",
+        final,
+        source=f"{SERVER}, LocalBackend without a grader",
+        description="No grader configured, grade=true: all-null failure.",
+    )
+
+
+async def capture_error_bodies(capture: CurrentCapture) -> None:
+    """Each of :data:`ERROR_CASES`, sent raw to the main server."""
+    for name, method, path, arguments, description in ERROR_CASES:
+        exchange = await capture.main.send(method, path, **arguments)
+        capture.out.response(
+            name, exchange, source=RAW, description=description, include_request=True
+        )
+
+
+async def capture_auth_refusals(capture: CurrentCapture) -> None:
+    """401 without a key, and 401 (not 404) on an unknown path with a lower-case scheme."""
+    await capture.auth_http.post("/rollout", json=init_body("golden-unauthorized"))
+    capture.out.response(
+        "error_401.json",
+        capture.auth_rec.last("POST", "/rollout"),
+        source=f"{RAW}; server built with api_key",
+        description="No Authorization header on an auth-enabled server.",
+        include_request=True,
+    )
+    await capture.auth_http.get(
+        "/nothing", headers={"Authorization": f"bearer {GOLDEN_SERVER_KEY}"}
+    )
+    capture.out.response(
+        "error_401_unknown_route.json",
+        capture.auth_rec.last("GET", "/nothing"),
+        source=f"{RAW}; server built with api_key",
+        description="Lower-case 'bearer' scheme on an unknown path: auth runs before "
+        "routing, so 401 rather than 404.",
+    )
+
+
+async def capture_capacity_refusal(capture: CurrentCapture) -> None:
+    """429 with Retry-After from a backend without capacity."""
+    await capture.full_http.post("/rollout", json=init_body("golden-full-queue"))
+    capture.out.response(
+        "error_429.json",
+        capture.full_rec.last("POST", "/rollout"),
+        source=f"{RAW}; backend.has_capacity() returns False",
+        description="Capacity refusal with Retry-After.",
+        include_request=True,
+    )
+
+
+async def capture_callback_protocol_admission(capture: CurrentCapture, golden_root: Path) -> None:
+    """The 0.3.2 caller's body (captured by the legacy run) admitted by the 0.3.8 server."""
+    out, main = capture.out, capture.main
+    legacy_dir = golden_root / f"osmosis-{LEGACY_VERSION}"
+    legacy_body = json.loads(
+        (legacy_dir / "init_request_callback_protocol.json").read_text("utf-8")
+    )
+    exchange = await main.send("POST", "/rollout", json=legacy_body)
+    token = json.loads(exchange.response_body)["polling_lease_token"]
+    out.replace(token, GOLDEN_LEASE_TOKEN, "polling_lease_token")
+    out.response(
+        "init_response_to_callback_protocol_request.json",
+        exchange,
+        source=SERVER,
+        description="The 0.3.2 HttpRolloutDriver body (from "
+        f"osmosis-{LEGACY_VERSION}/init_request_callback_protocol.json) is admitted: "
+        "the callback keys are ignored, and no callback will ever be sent.",
+    )
+    await main.poll_until_final(legacy_body["rollout_id"], token)
+
+
+async def check_duplicate_refused(capture: CurrentCapture) -> None:
+    """Confirm the 0.3.8 client turns a 409 into ``RolloutProtocolError(409)`` (no file).
+
+    The osmosis client against a 0.3.2-style refusal is covered by the legacy set.
+    """
+    from osmosis_ai.rollout.client import RolloutProtocolError
+
+    refused: RolloutProtocolError | None = None
+    try:
+        await capture.client.run_rollout_async(
+            initial_messages=PROMPT,
+            chat_completions_url=chat_url("golden-minimal"),
+            rollout_id="golden-minimal",
+        )
+    except RolloutProtocolError as exc:
+        refused = exc
+    if refused is None or refused.status_code != 409:
+        raise AssertionError(f"duplicate admission was not refused with 409: {refused!r}")
 
 
 async def capture_shutdown_503(out: GoldenWriter) -> None:
@@ -1095,12 +1202,12 @@ async def run_legacy_child(python: str, golden_root: Path, verbose: bool) -> Non
     if verbose:
         argv.append("--verbose")
     process = await asyncio.create_subprocess_exec(*argv)
-    try:
-        code = await asyncio.wait_for(process.wait(), timeout=90)
-    except TimeoutError:
-        process.kill()  # our own child, by its handle
-        await process.wait()
-        raise
+    code, killed = await stop_async_process(process, patience_sec=LEGACY_CHILD_TIMEOUT_SEC)
+    if killed:
+        raise TimeoutError(
+            f"legacy capture (pid {process.pid}) did not finish within "
+            f"{LEGACY_CHILD_TIMEOUT_SEC:g} s and was killed"
+        )
     if code != 0:
         raise RuntimeError(f"legacy capture (pid {process.pid}) exited with {code}")
 
@@ -1113,11 +1220,21 @@ LEGACY_CALLER = "osmosis HttpRolloutDriver 0.3.2"
 LEGACY_SERVER = "osmosis-ai 0.3.2 server (create_rollout_server + LocalBackend) on uvicorn"
 
 
+@dataclass
+class LegacyCapture:
+    """The recorded osmosis-ai 0.3.2 server, its caller's callback app, and the caller."""
+
+    out: GoldenWriter
+    http: httpx.AsyncClient
+    server_rec: Recorder
+    callback_rec: Recorder
+    driver: Any
+
+
 async def capture_legacy(golden_root: Path, verbose: bool) -> None:
     """Capture the 0.3.2 caller's admission and callbacks, and its server's answers."""
     from osmosis_ai.rollout.controller.listener import create_callback_app
     from osmosis_ai.rollout.controller.store import CallbackStore
-    from osmosis_ai.rollout.driver import RolloutRunRequest
     from osmosis_ai.rollout.http_driver import HttpRolloutDriver
     from osmosis_ai.rollout.utils.http import close_shared_client
 
@@ -1138,118 +1255,148 @@ async def capture_legacy(golden_root: Path, verbose: bool) -> None:
         httpx.AsyncClient(base_url=server_url, timeout=15) as http,
     ):
         out.replace(callback_url, GOLDEN_LOOPBACK_BASE, "callback_listener_base_url")
-        await http.get("/health")
-        out.response(
-            "health.json",
-            server_rec.last("GET", "/health"),
-            source=LEGACY_SERVER,
-            description="0.3.2 /health on an idle server without _OSMOSIS_ROLLOUT_INSTANCE_ID.",
+        capture = LegacyCapture(
+            out=out,
+            http=http,
+            server_rec=server_rec,
+            callback_rec=callback_rec,
+            driver=HttpRolloutDriver(
+                rollout_base_url=server_url,
+                callback_store=store,
+                completion_url_for=lambda rid: f"{callback_url}/v1/rollouts/{rid}/completion",
+                grader_url_for=lambda rid: f"{callback_url}/v1/rollouts/{rid}/grader",
+                chat_completions_url_for=chat_url,
+                chat_api_key=GOLDEN_LLM_KEY,
+                controller_api_key=GOLDEN_CONTROLLER_KEY,
+                callback_timeout_sec=30,
+            ),
         )
-        driver = HttpRolloutDriver(
-            rollout_base_url=server_url,
-            callback_store=store,
-            completion_url_for=lambda rid: f"{callback_url}/v1/rollouts/{rid}/completion",
-            grader_url_for=lambda rid: f"{callback_url}/v1/rollouts/{rid}/grader",
-            chat_completions_url_for=chat_url,
-            chat_api_key=GOLDEN_LLM_KEY,
-            controller_api_key=GOLDEN_CONTROLLER_KEY,
-            callback_timeout_sec=30,
-        )
-        outcome = await driver.run(
-            RolloutRunRequest(
-                messages=PROMPT,
-                label=LABEL,
-                metadata={"topic": "arithmetic", "difficulty": 1},
-                rollout_id="golden-legacy",
-                agent_timeout_sec=30.0,
-                grader_timeout_sec=15.0,
-                extra_fields={"row_index": 3, "run_index": 0},
-            )
-        )
-        assert outcome.sample is not None, outcome
-        assert outcome.sample.reward == 0.5, outcome
-        admission = server_rec.last("POST", "/rollout")
-        out.request(
-            "init_request_callback_protocol.json",
-            admission,
-            source=LEGACY_CALLER,
-            description="HttpRolloutDriver.run(RolloutRunRequest(...)) with label, "
-            "metadata, timeouts and extra_fields; callback URLs point at a 0.3.2 "
-            "CallbackListener app.",
-        )
-        out.response(
-            "init_response_callback_protocol.json",
-            admission,
-            source=LEGACY_SERVER,
-            description="0.3.2 admission: 202 with an empty object.",
-        )
-        for kind in ("completion", "grader"):
-            exchange = callback_rec.last("POST", f"/v1/rollouts/golden-legacy/{kind}")
-            out.request(
-                f"callback_{kind}_request.json",
-                exchange,
-                source=LEGACY_SERVER,
-                description=f"The {kind} callback the 0.3.2 server pushes to the caller.",
-            )
-            out.response(
-                f"callback_{kind}_response.json",
-                exchange,
-                source="osmosis-ai 0.3.2 create_callback_app",
-                description=f"The caller's acknowledgment of the {kind} callback.",
-            )
-
-        await http.get("/rollout/golden-legacy/status")
-        out.response(
-            "status_response.json",
-            server_rec.last("GET", "/rollout/golden-legacy/status"),
-            source=LEGACY_SERVER,
-            description="GET /rollout/{id}/status; LocalBackend keeps no status, so unknown.",
-        )
-
-        # A cancelled driver.run sends the cancel request itself.
-        slow = RolloutRunRequest(
-            messages=PROMPT,
-            label=LABEL,
-            metadata={"workflow": "sleep", "seconds": 0.5},
-            rollout_id="golden-legacy-cancel",
-        )
-        run = asyncio.create_task(driver.run(slow))
-        await server_rec.wait_for("POST", "/rollout", "golden-legacy-cancel")
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
-        cancel = server_rec.last("POST", "/rollout/cancel")
-        out.request(
-            "cancel_request_ids.json",
-            cancel,
-            source=LEGACY_CALLER,
-            description="Cancel sent when a driver.run task is cancelled.",
-        )
-        out.response(
-            "cancel_response.json",
-            cancel,
-            source=LEGACY_SERVER,
-            description="0.3.2 LocalBackend does not implement cancel: empty dispositions "
-            "(the workflow keeps running).",
-        )
-
-        pull_body = json.loads(
-            (golden_root / f"osmosis-{CURRENT_VERSION}" / "init_request_full.json").read_text(
-                "utf-8"
-            )
-        )
-        await http.post("/rollout", json=pull_body)
-        out.response(
-            "error_422_pull_protocol_request.json",
-            server_rec.last("POST", "/rollout"),
-            source=LEGACY_SERVER,
-            description="The 0.3.8 client's body (osmosis-0.3.8/init_request_full.json) "
-            "is refused: completion_callback_url is required.",
-        )
-        await driver.aclose()
+        await capture_legacy_health(capture)
+        await capture_callback_rollout(capture)
+        await capture_legacy_status(capture)
+        await capture_legacy_cancel(capture)
+        await capture_pull_protocol_refusal(capture, golden_root)
+        await capture.driver.aclose()
         await asyncio.sleep(0.8)  # let the cancelled-but-running workflow finish
         await close_shared_client()
     out.finish()
+
+
+async def capture_legacy_health(capture: LegacyCapture) -> None:
+    """``health.json`` of an idle 0.3.2 server."""
+    await capture.http.get("/health")
+    capture.out.response(
+        "health.json",
+        capture.server_rec.last("GET", "/health"),
+        source=LEGACY_SERVER,
+        description="0.3.2 /health on an idle server without _OSMOSIS_ROLLOUT_INSTANCE_ID.",
+    )
+
+
+async def capture_callback_rollout(capture: LegacyCapture) -> None:
+    """One rollout of the callback protocol: the admission and both callbacks."""
+    from osmosis_ai.rollout.driver import RolloutRunRequest
+
+    out = capture.out
+    outcome = await capture.driver.run(
+        RolloutRunRequest(
+            messages=PROMPT,
+            label=LABEL,
+            metadata={"topic": "arithmetic", "difficulty": 1},
+            rollout_id="golden-legacy",
+            agent_timeout_sec=30.0,
+            grader_timeout_sec=15.0,
+            extra_fields={"row_index": 3, "run_index": 0},
+        )
+    )
+    assert outcome.sample is not None, outcome
+    assert outcome.sample.reward == 0.5, outcome
+    admission = capture.server_rec.last("POST", "/rollout")
+    out.request(
+        "init_request_callback_protocol.json",
+        admission,
+        source=LEGACY_CALLER,
+        description="HttpRolloutDriver.run(RolloutRunRequest(...)) with label, "
+        "metadata, timeouts and extra_fields; callback URLs point at a 0.3.2 "
+        "CallbackListener app.",
+    )
+    out.response(
+        "init_response_callback_protocol.json",
+        admission,
+        source=LEGACY_SERVER,
+        description="0.3.2 admission: 202 with an empty object.",
+    )
+    for kind in ("completion", "grader"):
+        exchange = capture.callback_rec.last("POST", f"/v1/rollouts/golden-legacy/{kind}")
+        out.request(
+            f"callback_{kind}_request.json",
+            exchange,
+            source=LEGACY_SERVER,
+            description=f"The {kind} callback the 0.3.2 server pushes to the caller.",
+        )
+        out.response(
+            f"callback_{kind}_response.json",
+            exchange,
+            source="osmosis-ai 0.3.2 create_callback_app",
+            description=f"The caller's acknowledgment of the {kind} callback.",
+        )
+
+
+async def capture_legacy_status(capture: LegacyCapture) -> None:
+    """``GET /rollout/{id}/status`` of the finished callback rollout."""
+    await capture.http.get("/rollout/golden-legacy/status")
+    capture.out.response(
+        "status_response.json",
+        capture.server_rec.last("GET", "/rollout/golden-legacy/status"),
+        source=LEGACY_SERVER,
+        description="GET /rollout/{id}/status; LocalBackend keeps no status, so unknown.",
+    )
+
+
+async def capture_legacy_cancel(capture: LegacyCapture) -> None:
+    """The cancel request a cancelled ``driver.run`` sends itself, and the answer."""
+    from osmosis_ai.rollout.driver import RolloutRunRequest
+
+    slow = RolloutRunRequest(
+        messages=PROMPT,
+        label=LABEL,
+        metadata={"workflow": "sleep", "seconds": 0.5},
+        rollout_id="golden-legacy-cancel",
+    )
+    run = asyncio.create_task(capture.driver.run(slow))
+    await capture.server_rec.wait_for("POST", "/rollout", "golden-legacy-cancel")
+    run.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await run
+    cancel = capture.server_rec.last("POST", "/rollout/cancel")
+    capture.out.request(
+        "cancel_request_ids.json",
+        cancel,
+        source=LEGACY_CALLER,
+        description="Cancel sent when a driver.run task is cancelled.",
+    )
+    capture.out.response(
+        "cancel_response.json",
+        cancel,
+        source=LEGACY_SERVER,
+        description="0.3.2 LocalBackend does not implement cancel: empty dispositions "
+        "(the workflow keeps running).",
+    )
+
+
+async def capture_pull_protocol_refusal(capture: LegacyCapture, golden_root: Path) -> None:
+    """The 0.3.8 client's admission body (from the 0.3.8 set) refused by the 0.3.2 server."""
+    pull_body = json.loads(
+        (golden_root / f"osmosis-{CURRENT_VERSION}" / "init_request_full.json").read_text("utf-8")
+    )
+    await capture.http.post("/rollout", json=pull_body)
+    capture.out.response(
+        "error_422_pull_protocol_request.json",
+        capture.server_rec.last("POST", "/rollout"),
+        source=LEGACY_SERVER,
+        description="The 0.3.8 client's body (osmosis-0.3.8/init_request_full.json) "
+        "is refused: completion_callback_url is required.",
+    )
 
 
 # --------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 
 It starts, on free loopback ports:
 
-1. the chat stand-in (``examples/chat_standin/server.py``): an OpenAI-compatible
+1. the chat stand-in (``tools/chat_standin/server.py``): an OpenAI-compatible
    chat-completions server that stands in for vLLM/SGLang and answers the demo questions
    through real chat and tool-call messages, with a configurable wrong-answer rate and
    latency so rewards vary;
@@ -35,17 +35,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
+from devprocs import STOP_TIMEOUT_SEC, ManagedProcess, ProcessError
+
 ROOT: Final = Path(__file__).resolve().parent.parent
 EXAMPLES: Final = ROOT / "examples"
 DATASET: Final = EXAMPLES / "datasets" / "arithmetic.jsonl"
-STANDIN: Final = EXAMPLES / "chat_standin" / "server.py"
+STANDIN: Final = ROOT / "tools" / "chat_standin" / "server.py"
 BACKEND_TARGET: Final = "calculator_agent.backend:create_backend"
-START_TIMEOUT_SEC: Final = 60.0
-STOP_TIMEOUT_SEC: Final = 30.0
-
-
-class DemoError(RuntimeError):
-    """A demo server failed to start or to stop cleanly."""
 
 
 def _script(name: str) -> list[str]:
@@ -55,94 +51,6 @@ def _script(name: str) -> list[str]:
         return [found]
     modules = {"rollout-server": "rollout_server", "rollout-eval": "rollout_client.eval"}
     return [sys.executable, "-m", modules[name]]
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Ask Linux to SIGTERM this child when the demo process dies (even by SIGKILL)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
-
-
-class ManagedProcess:
-    """A server subprocess that reports its bound port through a port file."""
-
-    def __init__(
-        self, name: str, command: Sequence[str], *, port_file: Path, env: dict[str, str]
-    ) -> None:
-        self.name = name
-        self.port_file = port_file
-        self.log_path = port_file.with_suffix(".log")
-        self._terminated = False
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            list(command),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - the demo starts no threads
-        )
-
-    def wait_for_port(self, timeout_sec: float = START_TIMEOUT_SEC) -> int:
-        """Wait until the port file holds the bound port; fail if the process exits first."""
-        deadline = time.monotonic() + timeout_sec
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise DemoError(
-                    f"{self.name} exited with status {self.process.returncode} before listening:"
-                    f"\n{self.log_tail()}"
-                )
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                return int(self.port_file.read_text().strip())
-            time.sleep(0.05)
-        raise DemoError(f"{self.name} did not listen within {timeout_sec:g} s:\n{self.log_tail()}")
-
-    def terminate(self) -> None:
-        """Send SIGTERM to the process (by its PID) once, unless it has exited.
-
-        Only once: a second SIGTERM would cut the server's shutdown short (or, after it
-        restored the default handler, kill it).
-        """
-        if not self._terminated and self.process.poll() is None:
-            self._terminated = True
-            self.process.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout_sec: float = STOP_TIMEOUT_SEC) -> int:
-        """SIGTERM the process by its PID and wait (bounded); kill it if it hangs.
-
-        Returns:
-            The exit status.
-
-        Raises:
-            DemoError: If it had to be killed.
-        """
-        try:
-            self.terminate()
-            try:
-                return self.process.wait(timeout=timeout_sec)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=timeout_sec)
-                raise DemoError(
-                    f"{self.name} (pid {self.process.pid}) did not exit within {timeout_sec:g} s "
-                    "of SIGTERM and was killed"
-                ) from None
-        finally:
-            self._log.close()
-
-    def log_tail(self, lines: int = 20) -> str:
-        """The last lines of the process's output."""
-        if not self._log.closed:
-            self._log.flush()
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 @contextlib.contextmanager
@@ -160,11 +68,14 @@ def demo_servers(
 ) -> Iterator[tuple[str, str, list[ManagedProcess]]]:
     """Run the chat stand-in and the example rollout server for the ``with`` block.
 
+    Each server writes its port to ``workdir/<name>.port`` and its output to
+    ``workdir/<name>.log``, and gets SIGTERM when the demo process dies.
+
     Yields:
         ``(chat_url, server_url, processes)``.
 
     Raises:
-        DemoError: If a server fails to start, or does not exit 0 after SIGTERM.
+        ProcessError: If a server fails to start, or does not exit 0 after SIGTERM.
     """
     base_env = dict(os.environ if env is None else env)
     base_env["PYTHONUNBUFFERED"] = "1"
@@ -173,29 +84,32 @@ def demo_servers(
         "ROLLOUT_ARTIFACT_ROOT": str(artifact_root or workdir / "trajectories"),
         "EXAMPLE_AGENT_STREAM": "1" if stream else "0",
     }
+    standin_port, server_port = workdir / "standin.port", workdir / "server.port"
     processes: list[ManagedProcess] = []
     try:
         standin = ManagedProcess(
             "chat stand-in",
             [
                 sys.executable,
-                str(STANDIN),
+                STANDIN,
                 "--host",
                 "127.0.0.1",
                 "--port",
                 "0",
                 "--port-file",
-                str(workdir / "standin.port"),
+                standin_port,
                 "--error-rate",
-                str(error_rate),
+                error_rate,
                 "--latency-ms",
-                str(latency_ms),
+                latency_ms,
                 "--seed",
-                str(seed),
+                seed,
                 *standin_args,
             ],
-            port_file=workdir / "standin.port",
+            log_path=standin_port.with_suffix(".log"),
             env=base_env,
+            cwd=ROOT,
+            die_with_parent=True,  # the demo starts no threads
         )
         processes.append(standin)
         server = ManagedProcess(
@@ -205,41 +119,44 @@ def demo_servers(
                 "serve",
                 BACKEND_TARGET,
                 "--app-dir",
-                str(EXAMPLES),
+                EXAMPLES,
                 "--host",
                 "127.0.0.1",
                 "--port",
                 "0",
                 "--port-file",
-                str(workdir / "server.port"),
+                server_port,
                 "--log-level",
                 "WARNING",
                 *server_args,
             ],
-            port_file=workdir / "server.port",
+            log_path=server_port.with_suffix(".log"),
             env=server_env,
+            cwd=ROOT,
+            die_with_parent=True,
         )
         processes.append(server)
-        chat_url = f"http://127.0.0.1:{standin.wait_for_port()}/v1"
-        server_url = f"http://127.0.0.1:{server.wait_for_port()}"
+        chat_url = f"http://127.0.0.1:{standin.wait_for_port(port_file=standin_port)}/v1"
+        server_url = f"http://127.0.0.1:{server.wait_for_port(port_file=server_port)}"
         yield chat_url, server_url, processes
     finally:
         problems: list[str] = []
         for process in reversed(processes):
             process.terminate()  # all at once first, so an interrupted wait leaves none behind
         for process in reversed(processes):
-            try:
-                status = process.stop()
-            except DemoError as exc:
-                problems.append(str(exc))
-                continue
-            if status != 0:
+            stopped = process.stop()
+            if stopped.killed:
                 problems.append(
-                    f"{process.name} exited with status {status} after SIGTERM:\n"
+                    f"{process.name} (pid {process.pid}) did not exit within "
+                    f"{STOP_TIMEOUT_SEC:g} s of SIGTERM and was killed"
+                )
+            elif stopped.status != 0:
+                problems.append(
+                    f"{process.name} exited with status {stopped.status} after SIGTERM:\n"
                     f"{process.log_tail()}"
                 )
         if problems and sys.exc_info()[0] is None:
-            raise DemoError("\n".join(problems))
+            raise ProcessError("\n".join(problems))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -316,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ]
                 print("demo: $ rollout-eval " + " ".join(command[len(_script("rollout-eval")) :]))
                 status = subprocess.run(command, cwd=ROOT, check=False).returncode
-        except DemoError as exc:
+        except ProcessError as exc:
             print(f"demo: error: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:

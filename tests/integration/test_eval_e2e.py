@@ -4,7 +4,7 @@ stand-in (subprocesses on loopback), and against small misbehaving protocol serv
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import importlib
 import io
 import json
 import os
@@ -29,14 +29,10 @@ DATASET = ROOT / "examples" / "datasets" / "arithmetic.jsonl"
 
 
 def load_demo() -> ModuleType:
-    """Import tools/demo.py (the process helpers of the demo) as a module."""
-    spec = importlib.util.spec_from_file_location("rollout_demo_tool", ROOT / "tools" / "demo.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("rollout_demo_tool", module)
-    spec.loader.exec_module(module)
-    return module
+    """Import tools/demo.py (the process helpers of the demo) with ``tools/`` on sys.path."""
+    if str(ROOT / "tools") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tools"))
+    return importlib.import_module("demo")
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,8 @@ from calculator_agent.calculator import CalculatorError, calculate  # noqa: E402
 
 
 def load_standin() -> ModuleType:
-    """Import examples/chat_standin/server.py as a module."""
-    path = ROOT / "examples" / "chat_standin" / "server.py"
+    """Import tools/chat_standin/server.py as a module."""
+    path = ROOT / "tools" / "chat_standin" / "server.py"
     spec = importlib.util.spec_from_file_location("chat_standin_server", path)
     assert spec is not None
     assert spec.loader is not None

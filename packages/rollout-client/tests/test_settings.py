@@ -60,7 +60,7 @@ class TestRetrySettingsValues:
     @pytest.mark.parametrize(
         ("kwargs", "match"),
         [
-            ({"transport_delays_sec": (0.1, -1)}, "not negative"),
+            ({"transport_delays_sec": (0.1, -1)}, "must be >= 0 seconds"),
             ({"gateway_delays_sec": (math.inf,)}, "finite"),
             ({"gateway_delays_sec": (math.nan,)}, "finite"),
             ({"retry_after_default_sec": -0.5}, "retry_after_default_sec"),

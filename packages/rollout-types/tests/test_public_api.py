@@ -11,9 +11,9 @@ EXPECTED = [
     "CancelDisposition", "CancelRolloutsRequest", "CancelRolloutsResponse", "FieldValueError",
     "RolloutErrorCategory", "RolloutHealth", "RolloutInitRequest", "RolloutInitResponse",
     "RolloutLifecycle", "RolloutResultResponse", "RolloutSample", "RolloutStatus",
-    "RolloutTypesError", "WireValidationError", "__version__", "converter", "dumps",
-    "is_secret_key", "is_single_path_segment", "is_terminal", "loads", "protocol_compatible",
-    "redact", "structure_wire",
+    "RolloutTypesError", "WireValidationError", "__version__", "check_api_key", "check_seconds",
+    "converter", "dumps", "is_secret_key", "is_single_path_segment", "is_terminal", "loads",
+    "protocol_compatible", "redact", "structure_wire",
 ]  # fmt: skip
 
 

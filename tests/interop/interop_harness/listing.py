@@ -20,9 +20,9 @@ import pytest
 
 from .pairs import Pair
 from .peers import OSMOSIS, OSMOSIS_032
+from .processes import TOOLS_DIR
 
 PAIRS_ENV: Final = "ROLLOUT_COMPAT_PAIRS"
-TOOLS_DIR: Final = Path(__file__).resolve().parents[3] / "tools"
 
 
 def compatibility() -> ModuleType:

@@ -1,11 +1,14 @@
 """Peer processes: servers (each side's venv) and client drivers, stopped by their own PID.
 
-* :class:`ServerProcess` starts a server command, reads its merged output until the line
-  ``... listening on http://127.0.0.1:PORT`` (both ``rollout-server serve`` and
-  ``remote/osmosis_app.py`` log it), keeps draining it, and stops it with SIGTERM (bounded
-  wait, then SIGKILL). It is synchronous so module-scoped fixtures can share a server.
+* :class:`ServerProcess` starts a server command with ``tools/devprocs.py`` (output to a log
+  file), waits until the log holds ``... listening on http://127.0.0.1:PORT`` (both
+  ``rollout-server serve`` and ``remote/osmosis_app.py`` log it), and stops it with
+  SIGTERM (bounded wait, then SIGKILL). It is synchronous so module-scoped fixtures can
+  share a server.
 * :class:`DriverProcess` runs a client driver (``remote/driver_*.py``) and exchanges
   JSON lines with it (see ``remote/driver_common.py``).
+
+``tools/`` is put on ``sys.path`` here; the peers' own interpreters never import it.
 """
 
 from __future__ import annotations
@@ -16,12 +19,20 @@ import itertools
 import json
 import os
 import re
-import subprocess
-import threading
+import sys
+import tempfile
+import weakref
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 from .peers import REMOTE_DIR
+
+TOOLS_DIR: Final = Path(__file__).resolve().parents[3] / "tools"
+if str(TOOLS_DIR) not in sys.path:
+    sys.path.insert(0, str(TOOLS_DIR))
+
+from devprocs import ManagedProcess, child_env, stop_async_process  # noqa: E402
 
 LISTENING: Final = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 START_TIMEOUT_SEC: Final = 60.0
@@ -39,11 +50,9 @@ peer's ``uv sync`` would install into the test venv and strip it)."""
 
 def peer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a peer process: ours, unbuffered, without this venv's hints."""
-    env = {k: v for k, v in os.environ.items() if k not in THIS_VENV_HINTS}
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.update(extra or {})
-    return env
+    return child_env(
+        {"PYTHONDONTWRITEBYTECODE": "1", **(extra or {})}, drop=THIS_VENV_HINTS
+    )
 
 
 class ServerProcess:
@@ -67,10 +76,11 @@ class ServerProcess:
         self._env = peer_env(env)
         self.label = label
         self.port = 0
-        self._proc: subprocess.Popen[str] | None = None
-        self._lines: list[str] = []
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
+        descriptor, log_name = tempfile.mkstemp(prefix="rollout-interop-", suffix=".log")
+        os.close(descriptor)
+        self._log_path = Path(log_name)
+        weakref.finalize(self, self._log_path.unlink, missing_ok=True)
+        self._process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
@@ -80,66 +90,43 @@ class ServerProcess:
     @property
     def pid(self) -> int:
         """The process id (after :meth:`start`)."""
-        assert self._proc is not None
-        return self._proc.pid
+        assert self._process is not None
+        return self._process.pid
 
     def log(self) -> str:
-        """Everything the process printed so far."""
-        return "".join(self._lines)
-
-    def _pump(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            self._lines.append(line)
-            if not self._ready.is_set() and (match := LISTENING.search(line)):
-                self.port = int(match.group(1))
-                self._ready.set()
-        self._ready.set()
+        """Everything the process printed so far (across restarts)."""
+        try:
+            return self._log_path.read_text("utf-8", errors="replace")
+        except OSError:
+            return ""
 
     def start(self) -> ServerProcess:
         """Start the process and wait (bounded) until it listens.
 
         Raises:
-            RuntimeError: If it exits or does not listen within ``START_TIMEOUT_SEC``.
+            devprocs.ProcessError: If it exits or does not listen within
+                ``START_TIMEOUT_SEC``.
         """
-        self._ready.clear()
         argv = [str(part) for part in self._make_argv(self.port)]
-        self._lines.append(f"$ {' '.join(argv)}\n")
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=self._env,
-            cwd=REMOTE_DIR,
+        with self._log_path.open("a", encoding="utf-8") as log:
+            log.write(f"$ {' '.join(argv)}\n")
+        process = ManagedProcess(
+            self.label, argv, log_path=self._log_path, env=self._env, cwd=REMOTE_DIR, append=True
         )
-        self._proc = proc
-        self._thread = threading.Thread(target=self._pump, args=(proc,), daemon=True)
-        self._thread.start()
-        if not self._ready.wait(START_TIMEOUT_SEC) or proc.poll() is not None:
+        self._process = process
+        try:
+            self.port = process.wait_for_port(listening=LISTENING, timeout_sec=START_TIMEOUT_SEC)
+        except BaseException:
             self.stop()
-            raise RuntimeError(f"{self.label} did not start listening:\n{self.log()}")
+            raise
         return self
 
     def stop(self) -> int | None:
         """SIGTERM, wait (bounded), then SIGKILL; return the exit status."""
-        proc = self._proc
-        if proc is None:
+        process, self._process = self._process, None
+        if process is None:
             return None
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(STOP_TIMEOUT_SEC)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(STOP_TIMEOUT_SEC)
-        if self._thread is not None:
-            self._thread.join(STOP_TIMEOUT_SEC)
-        if proc.stdout is not None:
-            proc.stdout.close()
-        self._proc = None
-        return proc.returncode
+        return process.stop(timeout_sec=STOP_TIMEOUT_SEC).status
 
     def restart(self) -> ServerProcess:
         """Stop, then start again on the same port (a new process, a new ``process_id``)."""
@@ -287,19 +274,13 @@ class DriverProcess:
         ]
 
     async def close(self) -> None:
-        """Close stdin (the driver exits), wait (bounded), else kill; by its own PID."""
+        """Close stdin (the driver exits), wait (bounded), else SIGTERM, then SIGKILL; by PID."""
         proc = self._proc
         if proc is None:
             return
         if proc.stdin is not None and not proc.stdin.is_closing():
             proc.stdin.close()
-        try:
-            async with asyncio.timeout(STOP_TIMEOUT_SEC):
-                await proc.wait()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+        await stop_async_process(proc, patience_sec=STOP_TIMEOUT_SEC, timeout_sec=STOP_TIMEOUT_SEC)
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task

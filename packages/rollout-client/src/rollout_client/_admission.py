@@ -15,13 +15,14 @@ from rollout_types import (
     RolloutInitRequest,
     RolloutInitResponse,
     WireValidationError,
+    check_seconds,
     dumps,
     loads,
     structure_wire,
 )
 
-from ._checks import check_seconds
 from ._errors import (
+    UNAUTHORIZED_HINT,
     RolloutAdmissionTimeoutError,
     RolloutProtocolError,
     RolloutProtocolVersionError,
@@ -46,7 +47,7 @@ _MAY_HAVE_SUCCEEDED: Final = (
 _CALLBACK_PROTOCOL_SERVER: Final = "0.3 (osmosis-ai <= 0.3.2 callback protocol)"
 
 _ADMISSION_HINTS: Final = {
-    401: " (unauthorized: pass the server's api_key to RolloutClient(api_key=...))",
+    401: UNAUTHORIZED_HINT,
     409: " (the rollout_id is already registered on the server: use a fresh id per attempt)",
     503: " (the server is shutting down and admits no new rollouts)",
 }
@@ -94,7 +95,7 @@ def request_body(
         ("grader_timeout_sec", grader_timeout_sec),
     ):
         if seconds is not None:
-            check_seconds(name, seconds, positive=False)
+            check_seconds(name, seconds, allow_negative=True)
     request = RolloutInitRequest(
         initial_messages=initial_messages,
         rollout_id=rollout_id,

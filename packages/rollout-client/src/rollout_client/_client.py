@@ -15,13 +15,14 @@ from rollout_types import (
     RolloutInitResponse,
     RolloutResultResponse,
     WireValidationError,
+    check_api_key,
+    check_seconds,
     dumps,
     loads,
     structure_wire,
 )
 
 from ._admission import admit, request_body, send_admission
-from ._checks import check_api_key, check_seconds
 from ._errors import RolloutProtocolError, RolloutProtocolVersionError
 from ._handle import RolloutHandle
 from ._health import check_identity, health_payload, lifecycle_of
@@ -104,7 +105,7 @@ class RolloutClient:
         self._admission_timeout_sec = (
             None
             if admission_timeout_sec is None
-            else check_seconds("admission_timeout_sec", admission_timeout_sec, positive=False)
+            else check_seconds("admission_timeout_sec", admission_timeout_sec, allow_negative=True)
         )
         self._transport = Transport(url=url, api_key=check_api_key(api_key), session=http_client)
         self._settings: ClientSettings = settings_with(retry)
@@ -410,8 +411,8 @@ class RolloutClient:
                 404, invalid JSON, ...).
         """
         self._check_open()
-        timeout = check_seconds("timeout_sec", timeout_sec, positive=True)
-        interval = check_seconds("poll_interval_sec", poll_interval_sec, positive=True)
+        timeout = check_seconds("timeout_sec", timeout_sec)
+        interval = check_seconds("poll_interval_sec", poll_interval_sec)
         pinned: object = process_id
         if pinned is not None and (not isinstance(pinned, str) or not pinned):
             raise ValueError(

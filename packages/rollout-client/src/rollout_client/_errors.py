@@ -8,7 +8,10 @@ decides which of those are retried.
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = [
+    "UNAUTHORIZED_HINT",
     "RolloutAdmissionTimeoutError",
     "RolloutClientError",
     "RolloutNotFoundError",
@@ -16,6 +19,11 @@ __all__ = [
     "RolloutProtocolVersionError",
     "RolloutServersUnavailableError",
 ]
+
+UNAUTHORIZED_HINT: Final = (
+    " (unauthorized: pass the server's api_key to RolloutClient(api_key=...))"
+)
+"""What the message of a 401 from the rollout server adds: the fix."""
 
 
 class RolloutClientError(Exception):

@@ -20,7 +20,7 @@ from rollout_types import (
     structure_wire,
 )
 
-from ._errors import RolloutProtocolError
+from ._errors import UNAUTHORIZED_HINT, RolloutProtocolError
 from ._retry import next_delay, retry_fits_lease
 from ._settings import ClientSettings
 from ._transport import HttpResponse, Transport, TransportFailure, classify
@@ -210,7 +210,7 @@ class _Poller:
 
 def _explain_status(status: int) -> str:
     hints = {
-        401: " (unauthorized: pass the server's api_key to RolloutClient(api_key=...))",
+        401: UNAUTHORIZED_HINT,
         403: " (the polling lease is invalid: it expired or belongs to another admission)",
         404: " (the server does not know this rollout: never admitted, or retention ended)",
     }

@@ -42,10 +42,9 @@ from typing import Any, Final, Self
 import aiohttp
 import attrs
 
-from rollout_types import CancelRolloutsResponse, RolloutResultResponse
+from rollout_types import CancelRolloutsResponse, RolloutResultResponse, check_seconds
 
 from ._admission import admission_answer, admission_deadline, request_body
-from ._checks import check_seconds
 from ._client import RolloutClient
 from ._errors import (
     RolloutClientError,
@@ -215,11 +214,9 @@ class RolloutClientPool:
         self._admission_timeout_sec = (
             None
             if admission_timeout_sec is None
-            else check_seconds("admission_timeout_sec", admission_timeout_sec, positive=False)
+            else check_seconds("admission_timeout_sec", admission_timeout_sec, allow_negative=True)
         )
-        self._probe_interval_sec = check_seconds(
-            "probe_interval_sec", probe_interval_sec, positive=True
-        )
+        self._probe_interval_sec = check_seconds("probe_interval_sec", probe_interval_sec)
         self._servers = tuple(_Server(index=i, client=c) for i, c in enumerate(clients))
         self._settings: ClientSettings = settings_with(retry)
         """The retry schedules, the 429 waits' sleep and the clock (as each client's)."""
@@ -562,8 +559,8 @@ class RolloutClientPool:
                 ``/health`` with a status not waited out (the message names the server).
         """
         self._ready()
-        check_seconds("timeout_sec", timeout_sec, positive=True)
-        check_seconds("poll_interval_sec", poll_interval_sec, positive=True)
+        check_seconds("timeout_sec", timeout_sec)
+        check_seconds("poll_interval_sec", poll_interval_sec)
         pins = dict(process_ids or {})
         unknown = sorted(set(pins) - set(self.urls))
         if unknown:

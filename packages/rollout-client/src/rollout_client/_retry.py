@@ -10,6 +10,8 @@ from typing import Final
 
 import attrs
 
+from rollout_types import check_seconds
+
 __all__ = [
     "DEFAULT_RETRY",
     "WAIT_IDLE_RETRY_STATUSES",
@@ -23,10 +25,7 @@ __all__ = [
 def _seconds(value: object, *, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number of seconds; got {value!r}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{name} must be finite and not negative; got {value!r}")
-    return seconds
+    return check_seconds(name, value, allow_zero=True)
 
 
 def _delays(value: object, *, name: str) -> tuple[float, ...]:

@@ -64,11 +64,6 @@ CONNECTOR_KEEPALIVE_SEC: Final = 30.0
 _DETAIL_LIMIT: Final = 300
 """Longest ``detail`` text quoted in an error message, characters."""
 
-_CONNECTION_RESET: Final[type[BaseException]] = getattr(
-    aiohttp, "ClientConnectionResetError", ConnectionResetError
-)
-"""aiohttp 3.10.6 added ``ClientConnectionResetError``; before it a reset is the builtin."""
-
 
 class TransportFailure(enum.Enum):
     """How a failed HTTP exchange is treated."""
@@ -113,7 +108,7 @@ def classify(exc: BaseException) -> TransportFailure | None:
         aiohttp.ServerDisconnectedError
         | aiohttp.ClientPayloadError
         | aiohttp.ClientOSError
-        | _CONNECTION_RESET,
+        | aiohttp.ClientConnectionResetError,
     ):
         return TransportFailure.RETRYABLE
     if type(exc) is aiohttp.ClientConnectionError:

@@ -14,7 +14,8 @@ from typing import Any
 
 import attrs
 
-from ._checks import check_seconds
+from rollout_types import check_seconds
+
 from ._client import RolloutClient
 from ._pool import RolloutClientPool
 
@@ -75,7 +76,7 @@ def override_timing(
         ("cancel_timeout_sec", cancel_timeout_sec),
     ):
         if seconds is not None:
-            changes[name] = check_seconds(name, seconds, positive=True)
+            changes[name] = check_seconds(name, seconds)
     if isinstance(client, RolloutClientPool):
         client._override_settings(**changes)
     else:

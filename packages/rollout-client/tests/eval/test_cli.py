@@ -136,7 +136,7 @@ class TestMain:
     ) -> None:
         """A non-positive timeout exits 2 naming the flag."""
         assert main(run_args(dataset, "--agent-timeout-sec", "-1")) == 2
-        assert "--agent-timeout-sec must be a finite number" in capsys.readouterr().err
+        assert "--agent-timeout-sec must be > 0 seconds; got -1" in capsys.readouterr().err
 
     def test_unreachable_server_exits_1(
         self, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

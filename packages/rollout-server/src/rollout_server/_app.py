@@ -11,9 +11,8 @@ without the collect window.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 
@@ -21,6 +20,8 @@ from rollout_types import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
     DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    check_api_key,
+    check_seconds,
 )
 
 from ._backend import ExecutionBackend
@@ -54,13 +55,8 @@ async def _on_shutdown(app: web.Application) -> None:
     server.registry.close()
 
 
-def _check_seconds(name: str, value: Any, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ServerConfigError(f"{name} must be a finite number of seconds; got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ServerConfigError(f"{name} must be {bound} seconds; got {value!r}")
-    return float(value)
+def _check_seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
+    return check_seconds(name, value, allow_zero=allow_zero, error=ServerConfigError)
 
 
 def create_rollout_server(
@@ -130,17 +126,7 @@ def create_rollout_server(
     body_limit: object = max_body_bytes
     if isinstance(body_limit, bool) or not isinstance(body_limit, int) or body_limit < 1:
         raise ServerConfigError(f"max_body_bytes must be a positive int; got {max_body_bytes!r}")
-    key: object = api_key
-    if api_key is not None:
-        if not isinstance(key, str) or not api_key.strip():
-            raise ServerConfigError(
-                "api_key must be a non-blank string, or None to serve without authentication"
-            )
-        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in api_key):
-            raise ServerConfigError(
-                "api_key must not contain control characters (clients cannot send them "
-                "in an Authorization header)"
-            )
+    check_api_key(api_key, error=ServerConfigError)
     timeouts = ShutdownTimeouts() if shutdown_timeouts is None else shutdown_timeouts
     if not isinstance(timeouts, ShutdownTimeouts):
         raise TypeError(

@@ -28,9 +28,17 @@ from rollout_types import (
     dumps,
 )
 
-__all__ = ["detail_body", "encode", "encode_json", "progress_body", "result_body"]
+__all__ = [
+    "LONE_SURROGATE",
+    "detail_body",
+    "encode",
+    "encode_json",
+    "progress_body",
+    "result_body",
+]
 
-_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+"""A lone surrogate: a code point with no UTF-8 form (only a ``\\uXXXX`` escape makes one)."""
 
 
 def _escape_surrogate(match: re.Match[str]) -> str:
@@ -47,7 +55,7 @@ def encode_json(text: str) -> bytes:
     try:
         return text.encode()
     except UnicodeEncodeError:
-        return _LONE_SURROGATE.sub(_escape_surrogate, text).encode()
+        return LONE_SURROGATE.sub(_escape_surrogate, text).encode()
 
 
 def encode(document: Any) -> bytes:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from typing import Any, Final, TypeVar
 
 from aiohttp import hdrs, web
@@ -32,7 +31,7 @@ from rollout_types import (
 )
 
 from ._aiohttp_private import pause_keepalive_timer
-from ._bodies import detail_body, encode, progress_body
+from ._bodies import LONE_SURROGATE, detail_body, encode, progress_body
 from ._middleware import internal_error_response, self_guarded
 from ._record import RolloutRecord
 from ._responses import detail_response, json_response
@@ -54,7 +53,6 @@ CALLBACK_PROTOCOL: Final = (
 )
 
 _T = TypeVar("_T")
-_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 RETRY_AFTER_BOUNDS_SEC: Final = (1.0, 60.0)
 
@@ -128,7 +126,7 @@ class Routes:
             if type(data) is dict and data.get("completion_callback_url") is not None:
                 return json_response(400, _CALLBACK_BODY)
             init = _structure(data, RolloutInitRequest)
-            if _LONE_SURROGATE.search(init.rollout_id):
+            if LONE_SURROGATE.search(init.rollout_id):
                 raise unencodable_id_error(init.rollout_id)
         except WireValidationError as exc:
             return detail_response(422, exc.errors)

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Coroutine, Mapping
 from typing import Any, Final, Protocol
 
 import attrs
 
-from rollout_types import CancelDisposition
+from rollout_types import CancelDisposition, check_seconds
 
 from ._backend import ExecutionBackend
 from ._errors import ServerConfigError
@@ -44,12 +43,7 @@ SHUTDOWN_ERR_MESSAGE: Final = "rollout server shut down before the rollout finis
 
 
 def _non_negative_finite(_inst: object, attribute: attrs.Attribute[float], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ServerConfigError(
-            f"{attribute.name} must be a finite number of seconds; got {value!r}"
-        )
-    if value < 0:
-        raise ServerConfigError(f"{attribute.name} must be >= 0 seconds; got {value!r}")
+    check_seconds(attribute.name, value, allow_zero=True, error=ServerConfigError)
 
 
 @attrs.frozen(kw_only=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from ._arguments import check_api_key, check_seconds
 from ._constants import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
@@ -77,6 +78,8 @@ __all__ = [
     "RolloutTypesError",
     "WireValidationError",
     "__version__",
+    "check_api_key",
+    "check_seconds",
     "converter",
     "dumps",
     "is_secret_key",

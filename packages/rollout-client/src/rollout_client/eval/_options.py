@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Final
 
+from rollout_types import check_seconds
+
 from ._errors import EvalInputError
 
 __all__ = [
@@ -103,8 +105,8 @@ class EvalOptions:
             ("--item-deadline-sec", self.item_deadline_sec),
             ("--admission-timeout-sec", self.admission_timeout_sec),
         ):
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise EvalInputError(f"{flag} must be a finite number of seconds > 0, got {value}")
+            if value is not None:
+                check_seconds(flag, value, error=EvalInputError)
         if not math.isfinite(self.pass_threshold):
             raise EvalInputError(f"--pass-threshold must be finite, got {self.pass_threshold}")
         for flag, url in (

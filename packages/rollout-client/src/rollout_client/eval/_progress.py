@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Final, TextIO
 
+from rollout_types import check_seconds
+
 __all__ = ["PROGRESS_MODES", "Progress", "format_duration"]
 
 PROGRESS_MODES: Final = ("auto", "bar", "plain", "off")
@@ -57,8 +59,7 @@ class Progress:
     ) -> None:
         if mode not in ("bar", "plain", "off"):
             raise ValueError(f"mode must be 'bar', 'plain' or 'off', not {mode!r}")
-        if not (math.isfinite(interval_sec) and interval_sec > 0):
-            raise ValueError("interval_sec must be a finite number greater than 0")
+        check_seconds("interval_sec", interval_sec)
         self.total = total
         self.stream = stream
         self.mode = mode

@@ -14,7 +14,8 @@ of ``examples/datasets/arithmetic.jsonl`` by rule:
    ``{"<first string parameter, normally 'expression'>": "17 * 23"}``
    (``finish_reason: "tool_calls"``).
 3. When the last message is the ``tool`` result, it answers ``"The answer is 391."``
-   (``finish_reason: "stop"``). Without tools it computes the answer itself.
+   (``finish_reason: "stop"``). Without tools it computes the answer itself, with the
+   example agent's own calculator (``examples/calculator_agent/calculator.py``).
 
 To make rewards vary it gives a wrong final answer with probability ``--error-rate``. The
 decision is a pure function of ``(seed, question, how many times this process has
@@ -25,7 +26,7 @@ scheduling order, while repeated runs of one question (``rollout-eval --n K``) d
 
 Run it::
 
-    python examples/chat_standin/server.py --host 127.0.0.1 --port 0 --port-file /tmp/p \\
+    python tools/chat_standin/server.py --host 127.0.0.1 --port 0 --port-file /tmp/p \\
         --error-rate 0.1 --latency-ms 20 --seed 0
 
 and point agents at ``http://127.0.0.1:<port>/v1`` (they call ``.../chat/completions``).
@@ -35,11 +36,11 @@ SIGTERM or SIGINT stops it cleanly (exit 0).
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import dataclasses
 import fractions
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -52,6 +53,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Final
 
 from aiohttp import web
@@ -60,8 +62,6 @@ __all__ = [
     "MODEL_ID",
     "StandinConfig",
     "create_app",
-    "evaluate",
-    "format_number",
     "main",
     "question_to_expression",
     "serve",
@@ -103,11 +103,30 @@ _RULES: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
     )
 )
 _EXPRESSION = re.compile(r"[-+*/%().\d\s]+")
-_MAX_EXPONENT: Final = 64
 
 
 class ExpressionError(ValueError):
     """The text holds no arithmetic expression the stand-in can evaluate."""
+
+
+def _load_calculator() -> ModuleType:
+    """The example agent's calculator module, loaded from its file.
+
+    The stand-in evaluates with the very calculator the example agent offers as its tool
+    (``examples/calculator_agent/calculator.py``, standard library only). It is loaded by
+    path, not as ``calculator_agent.calculator``, so that the stand-in needs neither
+    ``examples/`` on ``sys.path`` nor the agent's own imports (rollout-server).
+    """
+    path = Path(__file__).resolve().parents[2] / "examples" / "calculator_agent" / "calculator.py"
+    spec = importlib.util.spec_from_file_location("chat_standin_calculator", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the example calculator from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_CALCULATOR: Final = _load_calculator()
 
 
 def question_to_expression(question: str) -> str:
@@ -126,68 +145,11 @@ def question_to_expression(question: str) -> str:
             candidates.append(chunk)
     for chunk in sorted(candidates, key=len, reverse=True):
         try:
-            evaluate(chunk)
-        except ExpressionError:
+            _CALCULATOR.calculate(chunk)
+        except _CALCULATOR.CalculatorError:
             continue
         return " ".join(chunk.split())
     raise ExpressionError(f"no arithmetic expression in {question!r}")
-
-
-def _eval_node(node: ast.AST) -> fractions.Fraction:
-    if isinstance(node, ast.Expression):
-        return _eval_node(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return fractions.Fraction(str(node.value))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        value = _eval_node(node.operand)
-        return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.BinOp):
-        left, right = _eval_node(node.left), _eval_node(node.right)
-        try:
-            if isinstance(node.op, ast.Add):
-                return left + right
-            if isinstance(node.op, ast.Sub):
-                return left - right
-            if isinstance(node.op, ast.Mult):
-                return left * right
-            if isinstance(node.op, ast.Div):
-                return left / right
-            if isinstance(node.op, ast.FloorDiv):
-                return fractions.Fraction(left // right)
-            if isinstance(node.op, ast.Mod):
-                return left % right
-            if (
-                isinstance(node.op, ast.Pow)
-                and right.denominator == 1
-                and abs(right) <= _MAX_EXPONENT
-            ):
-                return left ** int(right)
-        except ZeroDivisionError:
-            raise ExpressionError("division by zero") from None
-    raise ExpressionError(f"unsupported expression element {type(node).__name__}")
-
-
-def evaluate(expression: str) -> fractions.Fraction:
-    """Evaluate an arithmetic expression exactly (no names, calls or attributes).
-
-    Raises:
-        ExpressionError: If it is not a plain arithmetic expression, or divides by zero.
-    """
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError:
-        raise ExpressionError(f"not an arithmetic expression: {expression!r}") from None
-    return _eval_node(tree)
-
-
-def format_number(value: fractions.Fraction | float) -> str:
-    """``391`` for integers, otherwise up to six decimals without trailing zeros."""
-    if isinstance(value, fractions.Fraction) and value.denominator == 1:
-        return str(value.numerator)
-    number = float(value)
-    if number.is_integer():
-        return str(int(number))
-    return f"{number:.6f}".rstrip("0").rstrip(".")
 
 
 _TOOL_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
@@ -348,8 +310,8 @@ def _decide(state: _State, body: dict[str, Any]) -> dict[str, Any]:
             ],
         }
     try:
-        value = evaluate(expression)
-    except ExpressionError:
+        value = _CALCULATOR.calculate(expression)
+    except _CALCULATOR.CalculatorError:
         return {"role": "assistant", "content": "That expression cannot be evaluated."}
     return {"role": "assistant", "content": _final_answer(state, question, value)}
 
@@ -360,7 +322,7 @@ def _final_answer(state: _State, question: str, value: fractions.Fraction) -> st
     config = state.config
     if _unit(config.seed, "wrong", question, occurrence) < config.error_rate:
         value += 1 + int(_unit(config.seed, "delta", question, occurrence) * 9)
-    return f"The answer is {format_number(value)}."
+    return f"The answer is {_CALCULATOR.format_number(value)}."
 
 
 def _usage(body: dict[str, Any], message: dict[str, Any]) -> dict[str, int]:
