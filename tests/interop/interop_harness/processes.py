@@ -50,9 +50,7 @@ peer's ``uv sync`` would install into the test venv and strip it)."""
 
 def peer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a peer process: ours, unbuffered, without this venv's hints."""
-    return child_env(
-        {"PYTHONDONTWRITEBYTECODE": "1", **(extra or {})}, drop=THIS_VENV_HINTS
-    )
+    return child_env({"PYTHONDONTWRITEBYTECODE": "1", **(extra or {})}, drop=THIS_VENV_HINTS)
 
 
 class ServerProcess:
