@@ -52,7 +52,6 @@ import datetime
 import functools
 import itertools
 import json
-import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -61,6 +60,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ._backend import ExecutionRequest, ExecutionResult, Sample
+from ._logtext import get_logger
 from ._sanitize import fit_json
 
 __all__ = [
@@ -78,7 +78,7 @@ __all__ = [
     "write_rollout_files",
 ]
 
-logger: Final = logging.getLogger("rollout_server.trajectory")
+logger: Final = get_logger("rollout_server.trajectory")
 
 TRAJECTORY_SCHEMA_VERSION: Final = "rollout-trajectory/1"
 """``schema_version`` of the ``trajectory.json`` this module writes."""
