@@ -37,6 +37,8 @@ COMMAND_LOOP_ONLY = True
 EVENT_SEC = 10.0
 START_SEC = 60.0
 """Bound on a subprocess's start-up (imports on a loaded 2-core machine)."""
+EXIT_SEC = 30.0
+"""Bound on a subprocess's exit once its shutdown stages (a few seconds here) are over."""
 LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
 
 TARGET_MODULE = '''
@@ -508,7 +510,7 @@ class TestSubprocess:
             base = f"http://127.0.0.1:{port}"
             await admit_and_wait_running(session, base, "stuck-1")
             process.send_signal(signal.SIGTERM)
-            code = await exit_status(process, output, START_SEC)
+            code = await exit_status(process, output, EXIT_SEC)
             text = (await output.rest()).decode()
         assert code == 0, text
         abandoned = [line for line in text.splitlines() if "stuck-1" in line and "abandon" in line]
@@ -537,7 +539,7 @@ class TestSubprocess:
             process.send_signal(signal.SIGTERM)
             await output.until(re.compile(rb"Cancelling 1 rollout\(s\)"), EVENT_SEC)
             process.send_signal(signal.SIGTERM)
-            code = await exit_status(process, output, START_SEC)
+            code = await exit_status(process, output, EXIT_SEC)
             text = (await output.rest()).decode()
         assert code == 0, text
         assert "Received SIGTERM again: cutting the shutdown waits short" in text
@@ -592,6 +594,6 @@ class TestSubprocess:
                 ):
                     assert response.status == 200
                     assert (await response.json())["status"] == "success"
-            code = await exit_status(process, output, START_SEC)
+            code = await exit_status(process, output, EXIT_SEC)
             text = (await output.rest()).decode()
         assert code == 0, text
