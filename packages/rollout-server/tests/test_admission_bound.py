@@ -50,6 +50,16 @@ class StartedCountingBackend(ExecutionBackend):
         return self.started < self.bound
 
 
+def bounded_local(tmp_path: Path, *, slots: int, queued: int) -> LocalBackend:
+    """A LocalBackend of blocked workflows with ``slots`` slots and ``max_queued=queued``."""
+    return LocalBackend(
+        BlockedWorkflow,
+        workflow_config=AgentWorkflowConfig(name="t", concurrency={"max_concurrent": slots}),
+        max_queued=queued,
+        artifact_root=tmp_path,
+    )
+
+
 async def burst(harness: Any, count: int) -> Counter[int]:
     """Open ``count`` connections, then send ``count`` admissions on them at once; return
     how many got each status."""
@@ -80,12 +90,7 @@ class TestAdmissionBound:
     ) -> None:
         """With max_concurrent=2 and max_queued=4, 64 concurrent submitters get exactly 6
         x 202 and 58 x 429, and the queue never holds more than 4."""
-        backend = LocalBackend(
-            BlockedWorkflow,
-            workflow_config=AgentWorkflowConfig(name="t", concurrency={"max_concurrent": 2}),
-            max_queued=4,
-            artifact_root=tmp_path,
-        )
+        backend = bounded_local(tmp_path, slots=2, queued=4)
         harness = await make_harness(backend)
         statuses = await burst(harness, SUBMITTERS)
         assert statuses == {202: 6, 429: SUBMITTERS - 6}
@@ -111,12 +116,7 @@ class TestAdmissionBound:
     ) -> None:
         """A rollout cancelled in the turn of its admission never starts, and its
         reservation ends all the same: the one slot is free again."""
-        backend = LocalBackend(
-            BlockedWorkflow,
-            workflow_config=AgentWorkflowConfig(name="t", concurrency={"max_concurrent": 1}),
-            max_queued=0,
-            artifact_root=tmp_path,
-        )
+        backend = bounded_local(tmp_path, slots=1, queued=0)
         harness = await make_harness(backend)
         init = structure_wire(
             {"initial_messages": [], "rollout_id": "r1", "chat_completions_url": ""},
@@ -136,12 +136,7 @@ class TestAdmissionBound:
     ) -> None:
         """An admission refused after the reservation (a duplicate id) or before it (the
         server is shutting down) leaves the backend's count as it was."""
-        backend = LocalBackend(
-            BlockedWorkflow,
-            workflow_config=AgentWorkflowConfig(name="t", concurrency={"max_concurrent": 1}),
-            max_queued=1,
-            artifact_root=tmp_path,
-        )
+        backend = bounded_local(tmp_path, slots=1, queued=1)
         harness = await make_harness(backend)
         await harness.admit("r1")
         if refusal == "duplicate":

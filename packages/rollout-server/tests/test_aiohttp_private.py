@@ -94,6 +94,17 @@ class TestPrivateAttributes:
         assert after is None
 
 
+def recording_app(seen: list[Any], **app_options: Any) -> web.Application:
+    """An app whose connections are :class:`_Recording` protocols appending to ``seen``."""
+
+    def factory(manager: web.Server, **kwargs: Any) -> web.RequestHandler:
+        return _Recording(manager, seen=seen, **kwargs)
+
+    app = web.Application(**app_options)
+    assert install_request_handler(app, factory)
+    return app
+
+
 class TestInstalledRequestHandler:
     async def test_the_app_runner_builds_connections_with_the_factory(
         self, aiohttp_client: Any
@@ -101,18 +112,13 @@ class TestInstalledRequestHandler:
         """An app with an installed factory is served (by aiohttp's test server, an
         AppRunner) with that factory's protocol, which gets the app's handler_args."""
         protocols: list[Any] = []
-        seen: list[Any] = []
 
         async def handler(request: web.Request) -> web.Response:
             protocols.append(request.protocol)
             await request.read()
             return web.Response(text="ok")
 
-        def factory(manager: web.Server, **kwargs: Any) -> web.RequestHandler:
-            return _Recording(manager, seen=seen, **kwargs)
-
-        app = web.Application(handler_args={"max_line_size": 1234})
-        assert install_request_handler(app, factory)
+        app = recording_app([], handler_args={"max_line_size": 1234})
         assert callable(getattr(app, MAKE_HANDLER))
         await _serve_one(aiohttp_client, handler, app)
         (protocol,) = protocols
@@ -132,12 +138,7 @@ class TestInstalledRequestHandler:
             await request.read()
             return web.Response(text="ok")
 
-        def factory(manager: web.Server, **kwargs: Any) -> web.RequestHandler:
-            return _Recording(manager, seen=seen, **kwargs)
-
-        app = web.Application()
-        install_request_handler(app, factory)
-        await _serve_one(aiohttp_client, handler, app)
+        await _serve_one(aiohttp_client, handler, recording_app(seen))
         counts = [count for count, _payload in seen]
         assert all(isinstance(count, int) for count in counts)
         parsed = [payload for count, payload in seen if count]

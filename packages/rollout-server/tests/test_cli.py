@@ -343,6 +343,21 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield client_session
 
 
+def stubborn_server(
+    app_dir: Path, artifacts: Path, *, stage_sec: str
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    """Serve ``cli_targets:stubborn`` (its workflow swallows every cancellation), with a
+    0.2 s drain and every later shutdown stage ``stage_sec`` long."""
+    stages = ("--cleanup", "--force", "--backend-shutdown", "--collect")
+    return server_process(
+        app_dir,
+        "cli_targets:stubborn",
+        *("--port", "0", "--result-wait-timeout-sec", "0.2", "--drain-timeout-sec", "0.2"),
+        *(arg for stage in stages for arg in (f"{stage}-timeout-sec", stage_sec)),
+        env={"ROLLOUT_ARTIFACT_ROOT": str(artifacts)},
+    )
+
+
 async def admit_and_wait_running(
     session: aiohttp.ClientSession, base: str, rollout_id: str
 ) -> None:
@@ -490,15 +505,7 @@ class TestSubprocess:
         """A workflow that swallows every cancellation cannot keep the process alive: after
         the last stage its rollout is abandoned, its id logged once, and the process exits
         0 (bounded wait; killed by PID if it hangs)."""
-        with server_process(
-            app_dir,
-            "cli_targets:stubborn",
-            *("--port", "0", "--result-wait-timeout-sec", "0.2"),
-            *("--drain-timeout-sec", "0.2", "--cleanup-timeout-sec", "1"),
-            *("--force-timeout-sec", "1", "--backend-shutdown-timeout-sec", "1"),
-            *("--collect-timeout-sec", "1"),
-            env={"ROLLOUT_ARTIFACT_ROOT": str(tmp_path)},
-        ) as process:
+        with stubborn_server(app_dir, tmp_path, stage_sec="1") as process:
             output = OutputReader(process)
             port = int((await output.until(LISTENING, START_SEC)).group(1))
             serving = next(line for line in output.lines if b"serving" in line).decode()
@@ -524,15 +531,7 @@ class TestSubprocess:
         """With long stages and a workflow that swallows cancellation, a second SIGTERM ends
         the waits: the process exits 0 (not 143), logging the operator's cut and the
         abandoned rollout, with no ERROR line."""
-        with server_process(
-            app_dir,
-            "cli_targets:stubborn",
-            *("--port", "0", "--result-wait-timeout-sec", "0.2"),
-            *("--drain-timeout-sec", "0.2", "--cleanup-timeout-sec", "600"),
-            *("--force-timeout-sec", "600", "--backend-shutdown-timeout-sec", "600"),
-            *("--collect-timeout-sec", "600"),
-            env={"ROLLOUT_ARTIFACT_ROOT": str(tmp_path)},
-        ) as process:
+        with stubborn_server(app_dir, tmp_path, stage_sec="600") as process:
             output = OutputReader(process)
             port = int((await output.until(LISTENING, START_SEC)).group(1))
             await admit_and_wait_running(session, f"http://127.0.0.1:{port}", "stuck-2")

@@ -274,9 +274,8 @@ class RolloutServer:
             if self._reserves:
                 self._release_reservation()
             return Refusal.DUPLICATE
-        if self._turns is not None:
-            self._turns.unstarted += 1
         admitted_at = time.monotonic()
+        scheduled = False
 
         def start(record: RolloutRecord) -> asyncio.Task[Any]:
             request = ExecutionRequest(
@@ -293,6 +292,10 @@ class RolloutServer:
                 admitted_at=admitted_at,
                 on_status=StatusSink(registry, record),
             )
+            nonlocal scheduled
+            scheduled = True  # start_execution schedules _on_start before anything else
+            if self._turns is not None:
+                self._turns.unstarted += 1
             return start_execution(
                 registry=registry,
                 backend=backend,
@@ -302,7 +305,12 @@ class RolloutServer:
                 on_start=self._on_start,
             )
 
-        _record, token = registry.register(init.rollout_id, start)
+        try:
+            _record, token = registry.register(init.rollout_id, start)
+        except BaseException:
+            if not scheduled and self._reserves:
+                self._release_reservation()
+            raise
         return token
 
     def _on_start(self) -> None:
