@@ -45,6 +45,7 @@ TARGET_MODULE = '''
 """Serve targets for the tests of ``rollout-server serve``."""
 
 import asyncio
+import threading
 
 from rollout_server import (
     AgentWorkflow,
@@ -85,6 +86,20 @@ class StubbornWorkflow(AgentWorkflow):
 
 def stubborn():
     return LocalBackend(StubbornWorkflow, max_queued=8)
+
+
+NEVER = threading.Event()
+
+
+class ThreadedWorkflow(AgentWorkflow):
+    """Waits in a worker thread that never returns (cancelling the rollout leaves it)."""
+
+    async def run(self, ctx):
+        await asyncio.to_thread(NEVER.wait)
+
+
+def threaded():
+    return LocalBackend(ThreadedWorkflow, max_queued=8)
 
 
 quick = QuickBackend()
@@ -344,14 +359,14 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 def stubborn_server(
-    app_dir: Path, artifacts: Path, *, stage_sec: str
+    app_dir: Path, artifacts: Path, *, stage_sec: str, target: str = "cli_targets:stubborn"
 ) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
-    """Serve ``cli_targets:stubborn`` (its workflow swallows every cancellation), with a
-    0.2 s drain and every later shutdown stage ``stage_sec`` long."""
+    """Serve ``target`` (default ``cli_targets:stubborn``, whose workflow swallows every
+    cancellation), with a 0.2 s drain and every later shutdown stage ``stage_sec`` long."""
     stages = ("--cleanup", "--force", "--backend-shutdown", "--collect")
     return server_process(
         app_dir,
-        "cli_targets:stubborn",
+        target,
         *("--port", "0", "--result-wait-timeout-sec", "0.2", "--drain-timeout-sec", "0.2"),
         *(arg for stage in stages for arg in (f"{stage}-timeout-sec", stage_sec)),
         env={"ROLLOUT_ARTIFACT_ROOT": str(artifacts)},
@@ -547,6 +562,26 @@ class TestSubprocess:
             "still running: stuck-2"
         ) in text
         assert " ERROR " not in text, text
+
+    async def test_a_signal_after_the_stages_exits_0_at_once(
+        self, app_dir: Path, tmp_path: Path, session: aiohttp.ClientSession
+    ) -> None:
+        """Once the shutdown is complete, a process held by a worker thread of user code that
+        never returns exits 0 at once on another SIGTERM (not 143)."""
+        target = "cli_targets:threaded"
+        with stubborn_server(app_dir, tmp_path, stage_sec="1", target=target) as process:
+            output = OutputReader(process)
+            port = int((await output.until(LISTENING, START_SEC)).group(1))
+            await admit_and_wait_running(session, f"http://127.0.0.1:{port}", "threaded-1")
+            process.send_signal(signal.SIGTERM)
+            await output.until(re.compile(rb"Rollout server shutdown complete"), EXIT_SEC)
+            process.send_signal(signal.SIGTERM)
+            code = await exit_status(process, output, EXIT_SEC)
+            text = (await output.rest()).decode()
+        assert code == 0, text
+        # "Received SIGTERM again: exiting now", or, if the signal came while the listeners
+        # were still closing, the exit bound's "... after the signal; exiting now".
+        assert "exiting now" in text, text
 
     async def test_results_finished_before_the_signal_get_the_collect_window(
         self, app_dir: Path, session: aiohttp.ClientSession

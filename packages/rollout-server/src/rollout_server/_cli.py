@@ -591,9 +591,13 @@ async def _serve_command(args: argparse.Namespace, exit_guard: _ExitGuard) -> in
     target = load_target(args.target, app_dir=args.app_dir)
     app = await build_app(target, args)
     stages = app[ROLLOUT_SERVER_KEY].shutdown_timeouts
-    exit_guard.bound_sec = EXIT_SLACK_SEC + sum(
-        (stages.drain_sec, stages.cleanup_sec, stages.force_sec, stages.backend_sec),
-        stages.collect_sec,
+    exit_guard.bound_sec = (
+        stages.drain_sec
+        + stages.cleanup_sec
+        + stages.force_sec
+        + stages.backend_sec
+        + stages.collect_sec
+        + EXIT_SLACK_SEC
     )
     tune_collector()
     logger.info("%s", describe_served(args.target, app))
