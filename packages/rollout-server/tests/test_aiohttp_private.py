@@ -9,40 +9,69 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiohttp import web, web_protocol
+from aiohttp import StreamReader, web, web_protocol
 
 from rollout_server._aiohttp_private import (
     KEEPALIVE_HANDLE,
+    MAKE_HANDLER,
     PRIVATE_ATTRIBUTES,
+    install_request_handler,
+    last_parsed_payload,
+    parsed_count,
     pause_keepalive_timer,
 )
 
 
-async def _serve_one(aiohttp_client: Any, handler: Any) -> None:
-    app = web.Application()
-    app.router.add_get("/", handler)
+async def _serve_one(aiohttp_client: Any, handler: Any, app: web.Application | None = None) -> Any:
+    """Serve ``handler`` at ``POST /`` and send it one request; return the test client."""
+    app = web.Application() if app is None else app
+    app.router.add_post("/", handler)
     client = await aiohttp_client(app)
-    async with client.get("/") as response:
+    async with client.post("/", data=b"body") as response:
         assert response.status == 200
         await response.read()
+    return client
+
+
+class _Recording(web.RequestHandler):
+    """A connection protocol that records what the private accessors see as data arrives."""
+
+    seen: list[Any]
+
+    def __init__(self, manager: web.Server, *, seen: list[Any], **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.seen = seen
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self.seen.append((parsed_count(self), last_parsed_payload(self)))
 
 
 class TestPrivateAttributes:
     async def test_each_one_exists_on_a_real_request_handler(self, aiohttp_client: Any) -> None:
-        """After a real request, the connection's handler is aiohttp's RequestHandler and has
-        every attribute listed in PRIVATE_ATTRIBUTES."""
+        """After a real request, the connection's handler is aiohttp's RequestHandler, its
+        server a web.Server and its app a web.Application, each with every attribute listed
+        in PRIVATE_ATTRIBUTES."""
         protocols: list[Any] = []
 
         async def handler(request: web.Request) -> web.Response:
             protocols.append(request.protocol)
             return web.Response(text="ok")
 
-        await _serve_one(aiohttp_client, handler)
+        app = web.Application()
+        client = await _serve_one(aiohttp_client, handler, app)
         (protocol,) = protocols
-        assert set(PRIVATE_ATTRIBUTES) == {"RequestHandler"}
+        assert set(PRIVATE_ATTRIBUTES) == {"RequestHandler", "Server", "Application"}
         assert isinstance(protocol, web_protocol.RequestHandler)
-        for name in PRIVATE_ATTRIBUTES["RequestHandler"]:
-            assert hasattr(protocol, name), f"aiohttp's RequestHandler has no {name} any more"
+        holders = {
+            "RequestHandler": protocol,
+            "Server": client.server.runner.server,
+            "Application": app,
+        }
+        assert isinstance(holders["Server"], web.Server)
+        for cls, names in PRIVATE_ATTRIBUTES.items():
+            for name in names:
+                assert hasattr(holders[cls], name), f"aiohttp's {cls} has no {name} any more"
 
     async def test_the_keepalive_timer_is_a_timer_the_pause_cancels(
         self, aiohttp_client: Any
@@ -63,3 +92,55 @@ class TestPrivateAttributes:
         if before is not None:
             assert before.cancelled()
         assert after is None
+
+
+def recording_app(seen: list[Any], **app_options: Any) -> web.Application:
+    """An app whose connections are :class:`_Recording` protocols appending to ``seen``."""
+
+    def factory(manager: web.Server, **kwargs: Any) -> web.RequestHandler:
+        return _Recording(manager, seen=seen, **kwargs)
+
+    app = web.Application(**app_options)
+    assert install_request_handler(app, factory)
+    return app
+
+
+class TestInstalledRequestHandler:
+    async def test_the_app_runner_builds_connections_with_the_factory(
+        self, aiohttp_client: Any
+    ) -> None:
+        """An app with an installed factory is served (by aiohttp's test server, an
+        AppRunner) with that factory's protocol, which gets the app's handler_args."""
+        protocols: list[Any] = []
+
+        async def handler(request: web.Request) -> web.Response:
+            protocols.append(request.protocol)
+            await request.read()
+            return web.Response(text="ok")
+
+        app = recording_app([], handler_args={"max_line_size": 1234})
+        assert callable(getattr(app, MAKE_HANDLER))
+        await _serve_one(aiohttp_client, handler, app)
+        (protocol,) = protocols
+        assert type(protocol) is _Recording
+        assert protocol.max_line_size == 1234
+
+    async def test_the_parsed_queue_shows_each_request_and_its_body(
+        self, aiohttp_client: Any
+    ) -> None:
+        """As a request's bytes arrive, the parsed count grows by one once its headers are
+        in, and the last parsed payload is that request's body stream."""
+        seen: list[Any] = []
+        bodies: list[StreamReader] = []
+
+        async def handler(request: web.Request) -> web.Response:
+            bodies.append(request.content)
+            await request.read()
+            return web.Response(text="ok")
+
+        await _serve_one(aiohttp_client, handler, recording_app(seen))
+        counts = [count for count, _payload in seen]
+        assert all(isinstance(count, int) for count in counts)
+        parsed = [payload for count, payload in seen if count]
+        assert parsed, seen
+        assert parsed[0] is bodies[0]

@@ -154,7 +154,7 @@ class TestDispositions:
             {"initial_messages": [], "rollout_id": "r1", "chat_completions_url": ""},
             RolloutInitRequest,
         )
-        token = harness.server.admit(init)  # no await between admission and the cancel
+        token = await harness.server.admit(init)  # nothing awaited before the cancel
         dispositions = await harness.server.cancel(CancelRolloutsRequest(ids=["r1"]))
         assert dispositions == {"r1": "cancelled_queued"}
         result = await harness.poll_until("r1", token, "cancelled")

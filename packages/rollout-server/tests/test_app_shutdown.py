@@ -170,6 +170,27 @@ class TestStagedShutdown:
         async with asyncio.timeout(EVENT_SEC):
             await drain
 
+    async def test_results_published_before_shutdown_get_the_collect_window(
+        self, make_harness: Any
+    ) -> None:
+        """Results finished and not yet delivered when shutdown begins count towards the
+        collect window (60 s here): the drain waits until the last of them is polled, then
+        ends at once; a result delivered before shutdown is not waited for."""
+        harness = await make_harness(shutdown_timeouts=stages(collect_sec=60.0))
+        tokens = {rollout_id: await harness.admit(rollout_id) for rollout_id in "abcd"}
+        for rollout_id in tokens:
+            (await harness.backend.started(rollout_id)).succeed()
+        await harness.poll_until("d", tokens.pop("d"), "success")
+        await harness.until(lambda: harness.server.registry.active == 0)
+        drain = asyncio.create_task(harness.server.drain())
+        await harness.until(lambda: harness.server.registry.undelivered == 3)
+        for rollout_id in "ab":
+            assert (await harness.poll(rollout_id, tokens[rollout_id])).json["status"] == "success"
+        assert not drain.done()
+        assert (await harness.poll("c", tokens["c"])).json["status"] == "success"
+        async with asyncio.timeout(EVENT_SEC):
+            await drain
+
     async def test_second_signal_hurries_the_drain(self, make_harness: Any) -> None:
         """hurry() (a second SIGTERM) ends the remaining stage waits at once."""
         harness = await make_harness(
@@ -183,6 +204,34 @@ class TestStagedShutdown:
         async with asyncio.timeout(EVENT_SEC):
             await drain
         assert harness.backend.shutdown_calls == 1
+
+    async def test_a_hurried_shutdown_abandons_work_without_an_error(
+        self, make_harness: Any, scripted: Any, caplog: Any
+    ) -> None:
+        """Work still running when a second signal cuts the waits short is logged once as
+        abandoned by the operator's cut, at WARNING, with its id; nothing at ERROR."""
+        harness = await make_harness(
+            backend=scripted(ignore_cancel=True),
+            shutdown_timeouts=stages(drain_sec=60.0, backend_sec=60.0),
+        )
+        harness.backend.shutdown_hook = asyncio.get_running_loop().create_future
+        await harness.admit("stuck")
+        await harness.backend.started("stuck")
+        with caplog.at_level(logging.INFO, logger="rollout_server"):
+            drain = asyncio.create_task(harness.server.drain())
+            await harness.until(lambda: not harness.server.accepting_rollouts)
+            harness.server.hurry()
+            async with asyncio.timeout(EVENT_SEC):
+                await drain
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.messages
+        abandoned = [m for m in caplog.messages if "abandoning" in m]
+        assert abandoned == [
+            "Shutdown waits cut short by a second signal; abandoning 1 rollout execution(s) "
+            "still running: stuck"
+        ]
+        assert (
+            "backend.shutdown() did not finish within 2.0s of the second signal; continuing"
+        ) in caplog.messages
 
     async def test_drain_runs_once(self, make_harness: Any) -> None:
         """Concurrent and repeated drains share one run of the stages."""

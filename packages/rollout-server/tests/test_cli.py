@@ -37,14 +37,25 @@ COMMAND_LOOP_ONLY = True
 EVENT_SEC = 10.0
 START_SEC = 60.0
 """Bound on a subprocess's start-up (imports on a loaded 2-core machine)."""
+EXIT_SEC = 30.0
+"""Bound on a subprocess's exit once its shutdown stages (a few seconds here) are over."""
 LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
 
 TARGET_MODULE = '''
 """Serve targets for the tests of ``rollout-server serve``."""
 
 import asyncio
+import threading
 
-from rollout_server import ExecutionBackend, create_rollout_server
+from rollout_server import (
+    AgentWorkflow,
+    ExecutionBackend,
+    ExecutionOutcome,
+    ExecutionResult,
+    LocalBackend,
+    Sample,
+    create_rollout_server,
+)
 
 
 class WaitingBackend(ExecutionBackend):
@@ -52,6 +63,46 @@ class WaitingBackend(ExecutionBackend):
 
     async def execute(self, request):
         await asyncio.get_running_loop().create_future()
+
+
+class QuickBackend(ExecutionBackend):
+    """Every execution succeeds at once."""
+
+    async def execute(self, request):
+        sample = Sample(messages=[], reward=1.0)
+        return ExecutionOutcome(workflow=ExecutionResult(status="success", sample=sample))
+
+
+class StubbornWorkflow(AgentWorkflow):
+    """Swallows every cancellation, for ever."""
+
+    async def run(self, ctx):
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue
+
+
+def stubborn():
+    return LocalBackend(StubbornWorkflow, max_queued=8)
+
+
+NEVER = threading.Event()
+
+
+class ThreadedWorkflow(AgentWorkflow):
+    """Waits in a worker thread that never returns (cancelling the rollout leaves it)."""
+
+    async def run(self, ctx):
+        await asyncio.to_thread(NEVER.wait)
+
+
+def threaded():
+    return LocalBackend(ThreadedWorkflow, max_queued=8)
+
+
+quick = QuickBackend()
 
 
 backend = WaitingBackend()
@@ -104,6 +155,8 @@ class TestOptions:
             "--polling-lease-timeout-sec",
             "--result-retention-sec",
             "--keepalive-timeout-sec",
+            "--header-read-timeout-sec",
+            "--body-read-timeout-sec",
             "--status-change-grace-sec",
             "--max-body-bytes",
             "--access-log",
@@ -115,6 +168,12 @@ class TestOptions:
         ):
             assert flag in text
         assert "MODULE:ATTR" in text
+        flat = " ".join(text.split())
+        assert "connection is closed; idle keep-alive connections are not timed (default 30)" in (
+            flat
+        )
+        assert "else 408 and the connection is closed (default 60)" in flat
+        assert "at most 8190 bytes, so a rollout_id may be at most 8161 characters" in flat
 
     def test_there_is_no_api_key_option(self) -> None:
         """The key itself can never be passed on the command line."""
@@ -299,6 +358,52 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield client_session
 
 
+def stubborn_server(
+    app_dir: Path, artifacts: Path, *, stage_sec: str, target: str = "cli_targets:stubborn"
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    """Serve ``target`` (default ``cli_targets:stubborn``, whose workflow swallows every
+    cancellation), with a 0.2 s drain and every later shutdown stage ``stage_sec`` long."""
+    stages = ("--cleanup", "--force", "--backend-shutdown", "--collect")
+    return server_process(
+        app_dir,
+        target,
+        *("--port", "0", "--result-wait-timeout-sec", "0.2", "--drain-timeout-sec", "0.2"),
+        *(arg for stage in stages for arg in (f"{stage}-timeout-sec", stage_sec)),
+        env={"ROLLOUT_ARTIFACT_ROOT": str(artifacts)},
+    )
+
+
+async def admit_and_wait_running(
+    session: aiohttp.ClientSession, base: str, rollout_id: str
+) -> None:
+    """Admit ``rollout_id`` and long-poll (bounded) until it is running."""
+    body = {"initial_messages": [], "rollout_id": rollout_id, "chat_completions_url": ""}
+    async with session.post(f"{base}/rollout", json=body) as response:
+        assert response.status == 202
+        token = (await response.json())["polling_lease_token"]
+    async with asyncio.timeout(EVENT_SEC):
+        while True:
+            async with session.get(
+                f"{base}/rollout/{rollout_id}/result", headers={LEASE_HEADER: token}
+            ) as response:
+                if (await response.json())["status"] == "running":
+                    return
+
+
+async def exit_status(
+    process: subprocess.Popen[bytes], output: OutputReader, timeout: float
+) -> int:
+    """Wait (bounded) for ``process`` to exit; kill it by PID and fail if it does not."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout):
+            return await loop.run_in_executor(None, process.wait)
+    except TimeoutError:
+        process.kill()
+        await loop.run_in_executor(None, process.wait)
+        pytest.fail(f"the process did not exit:\n{(await output.rest()).decode()}")
+
+
 class TestSubprocess:
     @pytest.mark.parametrize(
         ("signum", "server_loop"), [(signal.SIGTERM, "auto"), (signal.SIGINT, "asyncio")]
@@ -404,3 +509,125 @@ class TestSubprocess:
                 text = process.stdout.read().decode()
         assert code == 1, text
         assert f"could not listen on http://127.0.0.1:{port}" in text
+        lines = text.splitlines()
+        first_failure = next(i for i, line in enumerate(lines) if "could not listen" in line)
+        shutdown_lines = [i for i, line in enumerate(lines) if "shut" in line.lower()]
+        assert all(i > first_failure for i in shutdown_lines), text
+
+    async def test_work_that_swallows_cancellation_is_abandoned_and_the_process_exits_0(
+        self, app_dir: Path, tmp_path: Path, session: aiohttp.ClientSession
+    ) -> None:
+        """A workflow that swallows every cancellation cannot keep the process alive: after
+        the last stage its rollout is abandoned, its id logged once, and the process exits
+        0 (bounded wait; killed by PID if it hangs)."""
+        with stubborn_server(app_dir, tmp_path, stage_sec="1") as process:
+            output = OutputReader(process)
+            port = int((await output.until(LISTENING, START_SEC)).group(1))
+            serving = next(line for line in output.lines if b"serving" in line).decode()
+            assert (
+                "rollout-server serving cli_targets:stubborn: backend LocalBackend (4 slot(s), "
+                f"queue bound 8, artifact root {tmp_path}); auth off; protocol "
+            ) in serving
+            assert serving.rstrip().endswith("; loop uvloop")
+            base = f"http://127.0.0.1:{port}"
+            await admit_and_wait_running(session, base, "stuck-1")
+            process.send_signal(signal.SIGTERM)
+            code = await exit_status(process, output, EXIT_SEC)
+            text = (await output.rest()).decode()
+        assert code == 0, text
+        abandoned = [line for line in text.splitlines() if "stuck-1" in line and "abandon" in line]
+        assert len(abandoned) == 1, text
+        assert "ignored forced cancellation; abandoning them: stuck-1" in abandoned[0]
+        assert "task(s) still running after the shutdown ignored cancellation" in text
+
+    async def test_a_second_signal_cuts_the_waits_short_and_exits_0(
+        self, app_dir: Path, tmp_path: Path, session: aiohttp.ClientSession
+    ) -> None:
+        """With long stages and a workflow that swallows cancellation, a second SIGTERM ends
+        the waits: the process exits 0 (not 143), logging the operator's cut and the
+        abandoned rollout, with no ERROR line."""
+        with stubborn_server(app_dir, tmp_path, stage_sec="600") as process:
+            output = OutputReader(process)
+            port = int((await output.until(LISTENING, START_SEC)).group(1))
+            await admit_and_wait_running(session, f"http://127.0.0.1:{port}", "stuck-2")
+            process.send_signal(signal.SIGTERM)
+            await output.until(re.compile(rb"Cancelling 1 rollout\(s\)"), EVENT_SEC)
+            process.send_signal(signal.SIGTERM)
+            code = await exit_status(process, output, EXIT_SEC)
+            text = (await output.rest()).decode()
+        assert code == 0, text
+        assert "Received SIGTERM again: cutting the shutdown waits short" in text
+        assert (
+            "Shutdown waits cut short by a second signal; abandoning 1 rollout execution(s) "
+            "still running: stuck-2"
+        ) in text
+        assert " ERROR " not in text, text
+
+    async def test_a_signal_after_the_stages_exits_0_at_once(
+        self, app_dir: Path, tmp_path: Path, session: aiohttp.ClientSession
+    ) -> None:
+        """Once the shutdown is complete, a process held by a worker thread of user code that
+        never returns exits 0 at once on another SIGTERM (not 143)."""
+        target = "cli_targets:threaded"
+        with stubborn_server(app_dir, tmp_path, stage_sec="1", target=target) as process:
+            output = OutputReader(process)
+            port = int((await output.until(LISTENING, START_SEC)).group(1))
+            await admit_and_wait_running(session, f"http://127.0.0.1:{port}", "threaded-1")
+            process.send_signal(signal.SIGTERM)
+            await output.until(re.compile(rb"Rollout server shutdown complete"), EXIT_SEC)
+            process.send_signal(signal.SIGTERM)
+            code = await exit_status(process, output, EXIT_SEC)
+            text = (await output.rest()).decode()
+        assert code == 0, text
+        # "Received SIGTERM again: exiting now", or, if the signal came while the listeners
+        # were still closing, the exit bound's "... after the signal; exiting now".
+        assert "exiting now" in text, text
+
+    async def test_results_finished_before_the_signal_get_the_collect_window(
+        self, app_dir: Path, session: aiohttp.ClientSession
+    ) -> None:
+        """Results published and not yet delivered when SIGTERM arrives count towards the
+        collect window: every poll sent after the signal gets its result, then the process
+        exits 0 (the window ends early once all are delivered)."""
+        with server_process(
+            app_dir,
+            "cli_targets:quick",
+            *("--port", "0", "--collect-timeout-sec", "600", "--api-key-env", "CLI_TEST_KEY"),
+            env={"CLI_TEST_KEY": "k-123"},
+        ) as process:
+            output = OutputReader(process)
+            port = int((await output.until(LISTENING, START_SEC)).group(1))
+            serving = next(line for line in output.lines if b"serving" in line).decode()
+            assert "rollout-server serving cli_targets:quick: backend QuickBackend; auth on;" in (
+                serving
+            )
+            base = f"http://127.0.0.1:{port}"
+            auth = {"Authorization": "Bearer k-123"}
+            tokens = {}
+            for index in range(5):
+                rollout_id = f"done-{index}"
+                body = {
+                    "initial_messages": [],
+                    "rollout_id": rollout_id,
+                    "chat_completions_url": "",
+                }
+                async with session.post(f"{base}/rollout", json=body, headers=auth) as response:
+                    assert response.status == 202
+                    tokens[rollout_id] = (await response.json())["polling_lease_token"]
+            async with asyncio.timeout(EVENT_SEC):
+                while True:
+                    async with session.get(f"{base}/health", headers=auth) as response:
+                        if (await response.json())["lifecycle"]["active_rollouts"] == 0:
+                            break
+            process.send_signal(signal.SIGTERM)
+            await output.until(re.compile(rb"collect 5 result\(s\)"), EVENT_SEC)
+            for rollout_id, token in tokens.items():
+                headers = {**auth, LEASE_HEADER: token}
+                async with session.get(f"{base}/rollout/{rollout_id}/result", headers=headers) as (
+                    response
+                ):
+                    assert response.status == 200
+                    assert (await response.json())["status"] == "success"
+            code = await exit_status(process, output, EXIT_SEC)
+            text = (await output.rest()).decode()
+        assert code == 0, text

@@ -335,17 +335,25 @@ class TestTaskEnd:
     async def test_an_exception_from_execute_is_logged_once(
         self, harness: Any, caplog: pytest.LogCaptureFixture
     ) -> None:
-        """An exception raised by execute() is one ERROR with its traceback ("Rollout r1
-        failed"), not a second one calling the task crashed."""
+        """An exception raised by execute() is a reported failure: its traceback once at
+        DEBUG, the one INFO "finished" line with category and message, and no ERROR."""
         token = await harness.admit("r1")
         run = await harness.backend.started("r1")
-        with caplog.at_level(logging.INFO, logger="rollout_server"):
+        with caplog.at_level(logging.DEBUG, logger="rollout_server"):
             run.raise_(ValueError("bad input"))
             await harness.poll_until("r1", token, "failure")
-        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-        assert [r.getMessage() for r in errors] == ["Rollout r1 failed"]
-        assert errors[0].exc_info is not None
-        assert "Rollout r1 finished with status failure" in caplog.messages
+        assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+        (traceback,) = [r for r in caplog.records if r.exc_info is not None]
+        assert (traceback.levelno, traceback.getMessage()) == (
+            logging.DEBUG,
+            "Rollout r1: execute() raised",
+        )
+        (finished,) = [r for r in caplog.records if "finished" in r.getMessage()]
+        assert finished.levelno == logging.INFO
+        assert finished.getMessage().startswith(
+            "Rollout r1 finished: status=failure err_category=validation_error duration="
+        )
+        assert finished.getMessage().endswith(" reward=None err_message=bad input")
 
     @pytest.mark.parametrize("started", [False, True])
     async def test_a_cancelled_task_is_cancelled_with_a_message_once_started(

@@ -517,6 +517,14 @@ class TestArtifactRoot:
         env["XDG_STATE_HOME"] = "relative/path"
         assert default_artifact_root(env) == Path.home() / ".local/state/rollout/artifacts"
 
+    def test_tests_never_write_under_the_home_directory(self) -> None:
+        """In the test session, a backend built without artifact_root (and a server
+        subprocess, which inherits the environment) keeps its files out of the home
+        directory (the root conftest points the variables into pytest's temp dir)."""
+        root = LocalBackend(EchoWorkflow).artifact_root
+        assert not root.is_relative_to(Path.home()), root
+        assert not default_artifact_root().is_relative_to(Path.home())
+
     def test_read_once_at_construction(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:

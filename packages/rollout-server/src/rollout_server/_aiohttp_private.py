@@ -3,23 +3,63 @@
 aiohttp does not promise these; ``tests/test_aiohttp_private.py`` checks each of them on a
 real connection, so an aiohttp release that drops or renames one fails the tests loudly
 rather than quietly losing what the attribute buys. At run time a missing attribute is a
-no-op: the server stays correct, only larger.
+no-op: the server stays correct, only larger (the keep-alive timer), or without its own
+connection handler (:func:`install_request_handler`: aiohttp's plain 400s and no header
+read timeout).
 """
 
 from __future__ import annotations
 
-from typing import Final
+import asyncio
+import collections
+from collections.abc import Callable
+from typing import Any, Final
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
-__all__ = ["KEEPALIVE_HANDLE", "PRIVATE_ATTRIBUTES", "pause_keepalive_timer"]
+__all__ = [
+    "KEEPALIVE_HANDLE",
+    "MAKE_HANDLER",
+    "PARSED_MESSAGES",
+    "PRIVATE_ATTRIBUTES",
+    "SERVER_HANDLER_KWARGS",
+    "SERVER_LOOP",
+    "HandlerFactory",
+    "install_request_handler",
+    "last_parsed_payload",
+    "parsed_count",
+    "pause_keepalive_timer",
+]
 
 KEEPALIVE_HANDLE: Final = "_keepalive_handle"
 """The idle keep-alive timer of a connection (an ``asyncio.TimerHandle`` or None), an
 attribute of aiohttp's ``web_protocol.RequestHandler`` (``request.protocol``)."""
 
-PRIVATE_ATTRIBUTES: Final = {"RequestHandler": (KEEPALIVE_HANDLE,)}
+PARSED_MESSAGES: Final = "_messages"
+"""The requests a connection has parsed and not yet handled: a deque of ``(message,
+payload)`` pairs, an attribute of ``RequestHandler``."""
+
+MAKE_HANDLER: Final = "_make_handler"
+"""The method of ``web.Application`` that every ``AppRunner`` (``web.run_app`` and the test
+servers included) calls to build the app's low-level ``web.Server``."""
+
+SERVER_LOOP: Final = "_loop"
+"""The event loop of a ``web.Server``, handed to each ``RequestHandler`` it creates."""
+
+SERVER_HANDLER_KWARGS: Final = "_kwargs"
+"""The keyword arguments a ``web.Server`` passes to each ``RequestHandler`` it creates (the
+runner's and the app's ``handler_args``)."""
+
+PRIVATE_ATTRIBUTES: Final = {
+    "RequestHandler": (KEEPALIVE_HANDLE, PARSED_MESSAGES),
+    "Server": (SERVER_LOOP, SERVER_HANDLER_KWARGS),
+    "Application": (MAKE_HANDLER,),
+}
 """The private attributes used here, by the aiohttp class that holds them."""
+
+HandlerFactory = Callable[..., web.RequestHandler]
+"""Builds a connection's protocol: called as ``factory(server, loop=loop, **kwargs)``, the
+way ``web.Server`` builds a ``web.RequestHandler``."""
 
 
 def pause_keepalive_timer(request: web.Request) -> None:
@@ -36,3 +76,71 @@ def pause_keepalive_timer(request: web.Request) -> None:
     if handle is not None and callable(getattr(handle, "cancel", None)):
         handle.cancel()
         setattr(protocol, KEEPALIVE_HANDLE, None)
+
+
+def parsed_count(protocol: web.RequestHandler) -> int | None:
+    """How many parsed requests ``protocol`` holds unhandled (None: aiohttp keeps no such
+    queue, so the count is unknown)."""
+    messages = getattr(protocol, PARSED_MESSAGES, None)
+    return len(messages) if isinstance(messages, collections.deque) else None
+
+
+def last_parsed_payload(protocol: web.RequestHandler) -> StreamReader | None:
+    """The body stream of the request ``protocol`` parsed last, while it is unhandled."""
+    messages = getattr(protocol, PARSED_MESSAGES, None)
+    if not isinstance(messages, collections.deque) or not messages:
+        return None
+    payload = messages[-1][1]
+    return payload if isinstance(payload, StreamReader) else None
+
+
+class _Server(web.Server):
+    """A ``web.Server`` whose connections are built by a factory of our own."""
+
+    def __init__(self, factory: HandlerFactory, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._rollout_factory = factory
+
+    def __call__(self) -> web.RequestHandler:
+        loop = getattr(self, SERVER_LOOP)
+        kwargs: dict[str, Any] = getattr(self, SERVER_HANDLER_KWARGS)
+        return self._rollout_factory(self, loop=loop, **kwargs)
+
+
+def install_request_handler(app: web.Application, factory: HandlerFactory) -> bool:
+    """Have every runner of ``app`` build its connections with ``factory``.
+
+    Any ``AppRunner`` (so ``web.run_app``, the ``rollout-server`` command and aiohttp's
+    test servers) asks the app for its low-level server; from now on that server builds
+    each connection's protocol with ``factory(server, loop=loop, **kwargs)`` instead of
+    ``web.RequestHandler(...)``, with the same arguments (``handler_args`` included).
+
+    Args:
+        app: The application, not yet set up by a runner.
+        factory: Builds a connection's protocol (a ``web.RequestHandler`` subclass).
+
+    Returns:
+        True if installed; False (nothing changed) where aiohttp builds servers otherwise.
+    """
+    make = getattr(app, MAKE_HANDLER, None)
+    if not callable(make):
+        return False
+
+    def make_handler(**kwargs: Any) -> web.Server:
+        server: web.Server = make(**kwargs)
+        loop = getattr(server, SERVER_LOOP, None)
+        handler_kwargs = getattr(server, SERVER_HANDLER_KWARGS, None)
+        if not isinstance(loop, asyncio.AbstractEventLoop) or not isinstance(handler_kwargs, dict):
+            return server  # a shape this module does not know: aiohttp's own handlers
+        return _Server(
+            factory,
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            loop=loop,
+            **handler_kwargs,
+        )
+
+    # object.__setattr__: aiohttp's debug mode warns on any attribute set on an app.
+    object.__setattr__(app, MAKE_HANDLER, make_handler)
+    return True

@@ -6,6 +6,11 @@ middleware and the routes. The ``rollout-server`` command calls
 :meth:`RolloutServer.drain` before it stops listening, so results stay collectable; when
 an app is stopped any other way (tests, ``web.run_app``), its cleanup runs the same stages
 without the collect window.
+
+Every connection, whatever runner serves the app (``web.run_app``, an ``AppRunner`` of the
+user's, the command), runs the app's connection policy
+(:class:`~rollout_server._connection.GuardedRequestHandler`): JSON 400s that never quote
+the request, throttled logging of peer errors, the header read timeout.
 """
 
 from __future__ import annotations
@@ -24,12 +29,21 @@ from rollout_types import (
     check_seconds,
 )
 
+from ._aiohttp_private import install_request_handler
 from ._backend import ExecutionBackend
+from ._connection import ConnectionGuard
 from ._errors import ServerConfigError
 from ._middleware import make_protocol_middleware
 from ._routes import Routes
-from ._server import DEFAULT_KEEPALIVE_TIMEOUT_SEC, DEFAULT_MAX_BODY_BYTES, RolloutServer
+from ._server import (
+    DEFAULT_BODY_READ_TIMEOUT_SEC,
+    DEFAULT_HEADER_READ_TIMEOUT_SEC,
+    DEFAULT_KEEPALIVE_TIMEOUT_SEC,
+    DEFAULT_MAX_BODY_BYTES,
+    RolloutServer,
+)
 from ._shutdown import ShutdownTimeouts
+from ._validation import MAX_REQUEST_LINE_BYTES
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 
 __all__ = ["ROLLOUT_SERVER_KEY", "create_rollout_server"]
@@ -71,6 +85,8 @@ def create_rollout_server(
     access_log: bool = False,
     shutdown_timeouts: ShutdownTimeouts | None = None,
     status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
+    header_read_timeout_sec: float = DEFAULT_HEADER_READ_TIMEOUT_SEC,
+    body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
 ) -> web.Application:
     """Build the rollout protocol server as an aiohttp application.
 
@@ -98,6 +114,12 @@ def create_rollout_server(
             the time) is put off by another grace, up to the poll's own wait: a busy
             server answers results rather than progress. 0 answers every change at once
             (osmosis-ai's timing). Finite and >= 0; default 1.0.
+        header_read_timeout_sec: Once the first bytes of a request arrive, its headers must
+            be complete within this many seconds, or the connection is closed (an idle
+            keep-alive connection is not timed); finite and > 0; default 30.0.
+        body_read_timeout_sec: Once a request's headers arrive, its body must be complete
+            within this many seconds, or the request gets 408 and the connection is
+            closed; finite and > 0; default 60.0.
 
     Returns:
         The application; its :class:`RolloutServer` is ``app[ROLLOUT_SERVER_KEY]``.
@@ -107,6 +129,9 @@ def create_rollout_server(
         TypeError: If ``backend`` is not an :class:`ExecutionBackend`.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2
+       ``header_read_timeout_sec`` and ``body_read_timeout_sec``; request lines (and so
+       result URLs) are limited to 8190 bytes, and longer ids are refused at admission.
     """
     if not isinstance(backend, ExecutionBackend):
         raise TypeError(
@@ -123,6 +148,8 @@ def create_rollout_server(
     retention = _check_seconds("result_retention_sec", result_retention_sec, allow_zero=True)
     keepalive = _check_seconds("keepalive_timeout_sec", keepalive_timeout_sec)
     grace = _check_seconds("status_change_grace_sec", status_change_grace_sec, allow_zero=True)
+    header_sec = _check_seconds("header_read_timeout_sec", header_read_timeout_sec)
+    body_sec = _check_seconds("body_read_timeout_sec", body_read_timeout_sec)
     body_limit: object = max_body_bytes
     if isinstance(body_limit, bool) or not isinstance(body_limit, int) or body_limit < 1:
         raise ServerConfigError(f"max_body_bytes must be a positive int; got {max_body_bytes!r}")
@@ -141,6 +168,9 @@ def create_rollout_server(
         max_body_bytes=max_body_bytes,
         shutdown_timeouts=timeouts,
         keepalive_timeout_sec=keepalive,
+        header_read_timeout_sec=header_sec,
+        body_read_timeout_sec=body_sec,
+        requires_auth=api_key is not None,
         access_log=bool(access_log),
         status_change_grace_sec=grace,
     )
@@ -150,8 +180,14 @@ def create_rollout_server(
         handler_args={
             "keepalive_timeout": keepalive,
             "access_log": logging.getLogger("rollout_server.access") if access_log else None,
+            "max_line_size": MAX_REQUEST_LINE_BYTES,
+            "max_field_size": MAX_REQUEST_LINE_BYTES,
         },
     )
+    guard = ConnectionGuard(
+        header_read_timeout_sec=header_sec, max_line_bytes=MAX_REQUEST_LINE_BYTES
+    )
+    install_request_handler(app, guard.handler)
     app[ROLLOUT_SERVER_KEY] = server
     app.add_routes(Routes(server).table())
     app.cleanup_ctx.append(_lifecycle)

@@ -4,6 +4,18 @@ A backend executes admitted rollouts and reports an :class:`ExecutionOutcome`; t
 owns everything else (leases, long polls, publication, retention). Methods other than
 :meth:`ExecutionBackend.execute` have working defaults, so a minimal backend implements
 one coroutine.
+
+Admission control, for a backend with a bound on the work it takes: the server asks
+:meth:`~ExecutionBackend.try_reserve` once per admission (False: 429). A True answer holds
+room for that rollout until the server calls :meth:`~ExecutionBackend.release_reservation`,
+which it does in the same event-loop turn as the rollout's ``execute()`` takes its first
+step, right before that step (or when the rollout is cancelled before it starts): a
+backend that counts its reservations plus the work it has started therefore sees every
+admitted rollout at every moment, whatever the number of concurrent admissions. A backend
+that overrides neither and only answers :meth:`~ExecutionBackend.has_capacity` from the
+work it has started is served exactly too: the server then admits one rollout at a time
+while earlier admissions have not started yet (each waits for the one before it to take
+its first step, usually within one loop turn).
 """
 
 from __future__ import annotations
@@ -132,9 +144,34 @@ class ExecutionBackend(abc.ABC):
     def has_capacity(self) -> bool:
         """Whether a new rollout may be admitted now; False makes admission answer 429.
 
-        Default: always True.
+        Asked only for backends that do not override :meth:`try_reserve` (the default
+        :meth:`try_reserve` asks it). Default: always True.
         """
         return True
+
+    def try_reserve(self) -> bool:
+        """Hold room for one rollout being admitted; False refuses it (429 + Retry-After).
+
+        The server calls this once per admission, instead of :meth:`has_capacity`, and
+        pairs every True answer with exactly one :meth:`release_reservation` call: right
+        before the rollout's ``execute()`` takes its first step, in the same loop turn, or
+        when the rollout never starts (cancelled first, or refused as a duplicate id).
+        Count the reservations held together with the work started, and the bound holds at
+        any number of concurrent admissions.
+
+        Default: ``self.has_capacity()``, holding nothing; the server then admits one
+        rollout at a time while an earlier admission has not started (see the module
+        docstring).
+
+        .. versionadded:: 0.2
+        """
+        return self.has_capacity()
+
+    def release_reservation(self) -> None:  # noqa: B027 - optional hook with a no-op default
+        """End a reservation taken by :meth:`try_reserve` (see there); default: nothing.
+
+        .. versionadded:: 0.2
+        """
 
     def retry_after_sec(self) -> float:
         """Seconds a refused caller should wait (the 429 ``Retry-After``); default 5.

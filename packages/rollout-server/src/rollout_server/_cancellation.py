@@ -15,19 +15,19 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from rollout_types import CancelDisposition, CancelRolloutsRequest, RolloutStatus, is_terminal
 
 from ._backend import ExecutionBackend
+from ._logtext import get_logger, log_list
 from ._record import RolloutRecord
 from ._registry import RolloutRegistry
 
 __all__ = ["Cancellation"]
 
-logger: Final = logging.getLogger("rollout_server.app")
+logger: Final = get_logger("rollout_server.app")
 
 _CANCELLED: Final = (CancelDisposition.CANCELLED_QUEUED, CancelDisposition.CANCELLED_RUNNING)
 
@@ -120,7 +120,7 @@ class Cancellation:
         try:
             answers = await self._backend.cancel_rollouts(ids=ids)
         except Exception:
-            logger.exception("Backend cancellation failed for rollout(s) %s", ", ".join(ids[:20]))
+            logger.exception("Backend cancellation failed for rollout(s) %s", log_list(ids, 20))
             answers = {}
         if not isinstance(answers, Mapping):
             logger.warning(

@@ -10,15 +10,24 @@ serves it:
 * a zero-argument callable (a factory function, sync or async, or a backend class) is
   called, and its result must be one of the above.
 
-The command runs on uvloop when it is installed, logs ``rollout-server listening on
-http://HOST:PORT (LOOP)`` once it is bound (the real port when ``--port 0``), optionally writes
-the bound port to ``--port-file``, and on SIGTERM or SIGINT runs the staged shutdown
-(admissions close, results stay collectable) before it stops listening and exits 0. A
-second signal cuts the remaining waits short. The API key is read from the environment
-variable that ``--api-key-env`` names, never from the command line.
+The command runs on uvloop when it is installed, logs one line saying what it serves
+(target, backend slots and queue bound, artifact root, auth, protocol version, loop), then
+``rollout-server listening on http://HOST:PORT (LOOP)`` once it is bound (the real port
+when ``--port 0``), optionally writes the bound port to ``--port-file``, and on SIGTERM or
+SIGINT runs the staged shutdown (admissions close, results stay collectable) before it
+stops listening and exits 0. A second signal cuts the remaining waits short and still
+exits 0. The API key is read from the environment variable that ``--api-key-env`` names,
+never from the command line.
 
-Exit status: 0 after a clean shutdown, 1 if the server could not start (for example the
-port is taken), 2 for a bad command line or target.
+The process exits within the shutdown's stage bounds whatever user code does: tasks that
+ignore cancellation after the last stage are abandoned (their rollout ids logged once by
+the shutdown) and the process exits without waiting for them; should the exit itself
+hang (a thread of user code that never returns, a blocked event loop), the process exits
+0 once the sum of the stage bounds plus :data:`EXIT_SLACK_SEC` has passed since the
+first signal (:data:`EXIT_SLACK_SEC` after a second one).
+
+Exit status: 0 after a shutdown, 1 if the server could not start (for example the port is
+taken), 2 for a bad command line or target.
 """
 
 from __future__ import annotations
@@ -33,23 +42,34 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any, Final
 
 from aiohttp import web
+
+from rollout_types import PROTOCOL_VERSION
 
 from ._app import ROLLOUT_SERVER_KEY, create_rollout_server
 from ._backend import ExecutionBackend
 from ._errors import ServerConfigError, ServeTargetError
 from ._logsink import TurnBufferedStreamHandler
-from ._server import DEFAULT_KEEPALIVE_TIMEOUT_SEC, DEFAULT_MAX_BODY_BYTES
+from ._logtext import get_logger
+from ._server import (
+    DEFAULT_BODY_READ_TIMEOUT_SEC,
+    DEFAULT_HEADER_READ_TIMEOUT_SEC,
+    DEFAULT_KEEPALIVE_TIMEOUT_SEC,
+    DEFAULT_MAX_BODY_BYTES,
+)
 from ._shutdown import ShutdownTimeouts
+from ._validation import MAX_POLLABLE_ID_CHARS, MAX_REQUEST_LINE_BYTES
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 
 __all__ = ["GC_YOUNG_THRESHOLD", "build_app", "load_target", "main", "serve", "tune_collector"]
 
-logger: Final = logging.getLogger("rollout_server.cli")
+logger: Final = get_logger("rollout_server.cli")
 
 PORT_ENV: Final = "_OSMOSIS_ROLLOUT_PORT"
 """Default of ``--port`` when set (the variable osmosis-ai entrypoints read); else 8000."""
@@ -67,6 +87,16 @@ held rollouts released at once spent 0.5-0.75 s of about 3 s in the collector wi
 default, and 0.06-0.09 s with this value. Cyclic garbage still goes; it is found a little
 later."""
 
+EXIT_SLACK_SEC: Final = 15.0
+"""Time allowed, on top of the shutdown's stage bounds, for what follows the stages (the
+listeners closing, in-flight requests answering, tasks ignoring cancellation getting a
+last chance); past it the process exits 0 anyway (see the module docstring)."""
+
+LEFTOVER_TASK_GRACE_SEC: Final = 1.0
+"""After the shutdown, how long tasks still running (user code's own tasks, executions that
+ignored every cancellation) get to end once cancelled before the process exits without
+them."""
+
 _SERVER_OPTIONS: Final = (
     "api_key_env",
     "result_wait_timeout_sec",
@@ -74,6 +104,8 @@ _SERVER_OPTIONS: Final = (
     "result_retention_sec",
     "max_body_bytes",
     "keepalive_timeout_sec",
+    "header_read_timeout_sec",
+    "body_read_timeout_sec",
     "status_change_grace_sec",
     "access_log",
     "drain_timeout_sec",
@@ -109,14 +141,20 @@ def build_parser() -> argparse.ArgumentParser:
             "or a zero-argument (sync or async) factory of either."
         ),
         epilog=(
-            "Once bound, one line 'rollout-server listening on http://HOST:PORT (LOOP)' is "
-            "logged. On SIGTERM or SIGINT, admissions answer 503 at once while result polls "
-            "are served; active work is drained, then cancelled, then force-cancelled; then "
-            "backend.shutdown() runs and pollers get the collect window before the server "
-            "stops listening. A second signal cuts the remaining waits short. The API key is "
-            "only ever read from the environment (--api-key-env). Exit status: 0 after a "
-            "clean shutdown, 1 if the server could not listen, 2 for a bad command line or "
-            "target."
+            "One line says what is served (target, slots, queue bound, artifact root, auth, "
+            "protocol, loop); once bound, 'rollout-server listening on http://HOST:PORT "
+            "(LOOP)' is logged. On SIGTERM or SIGINT, admissions answer 503 at once while "
+            "result polls are served; active work is drained, then cancelled, then "
+            "force-cancelled; then backend.shutdown() runs and pollers get the collect window "
+            "(every result not yet delivered) before the server stops listening. A second "
+            "signal cuts the remaining waits short. Work that ignores cancellation is "
+            f"abandoned (its rollout ids logged); the process exits 0 at the latest "
+            f"{EXIT_SLACK_SEC:g} s after the sum of the shutdown bounds. Requests: a request "
+            f"line or header line may be at most {MAX_REQUEST_LINE_BYTES} bytes, so a "
+            f"rollout_id may be at most {MAX_POLLABLE_ID_CHARS} characters once "
+            "percent-encoded (longer ones get 422 at admission). The API key is only ever read "
+            "from the environment (--api-key-env). Exit status: 0 after a shutdown, 1 if the "
+            "server could not listen, 2 for a bad command line or target."
         ),
     )
     serve_cmd.add_argument(
@@ -170,6 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--polling-lease-timeout-sec": "polling lease (default 120)",
         "--result-retention-sec": "retention of published results (default 900)",
         "--keepalive-timeout-sec": f"HTTP keep-alive (default {DEFAULT_KEEPALIVE_TIMEOUT_SEC:.0f})",
+        "--header-read-timeout-sec": (
+            "once a request's first bytes arrive, its headers must be complete within this, "
+            "else the connection is closed; idle keep-alive connections are not timed "
+            f"(default {DEFAULT_HEADER_READ_TIMEOUT_SEC:g})"
+        ),
+        "--body-read-timeout-sec": (
+            "once a request's headers arrive, its body must be complete within this, else 408 "
+            f"and the connection is closed (default {DEFAULT_BODY_READ_TIMEOUT_SEC:g})"
+        ),
         "--status-change-grace-sec": (
             "how long a long poll waits on after a non-terminal status change for the result "
             f"(default {DEFAULT_STATUS_CHANGE_GRACE_SEC:g}; 0: answer each change at once)"
@@ -178,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--cleanup-timeout-sec": "shutdown: wait after requesting cancellation (default 120)",
         "--force-timeout-sec": "shutdown: wait after forced cancellation (default 10)",
         "--backend-shutdown-timeout-sec": "shutdown: bound on backend.shutdown() (default 30)",
-        "--collect-timeout-sec": "shutdown: window to collect drained results (default 5)",
+        "--collect-timeout-sec": (
+            "shutdown: window to collect every result not yet delivered (default 5)"
+        ),
     }
     for flag, text in seconds.items():
         options.add_argument(flag, type=float, default=None, metavar="SEC", help=f"{text}, seconds")
@@ -263,6 +312,8 @@ def _server_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "polling_lease_timeout_sec",
         "result_retention_sec",
         "keepalive_timeout_sec",
+        "header_read_timeout_sec",
+        "body_read_timeout_sec",
         "status_change_grace_sec",
         "max_body_bytes",
     ):
@@ -386,28 +437,68 @@ async def serve(
         # must not see SYNs dropped (aiohttp's default backlog is 128); the kernel caps it
         # at net.core.somaxconn.
         site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            # Said before the app's cleanup logs anything about shutting down.
+            logger.error("rollout-server could not listen on %s: %s", _url(host, port), exc)
+            raise
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signum, handle_signal, signum)
                 installed.append(signum)
         bound_host, bound_port = runner.addresses[0][:2]
         if port_file is not None:
-            write_port_file(port_file, bound_port)
+            try:
+                write_port_file(port_file, bound_port)
+            except OSError as exc:
+                logger.error("rollout-server could not write --port-file %s: %s", port_file, exc)
+                raise
         logger.info(
             "rollout-server listening on %s (%s)",
             _url(str(bound_host), int(bound_port)),
-            type(loop).__module__.partition(".")[0],
+            _loop_name(loop),
         )
         await stop.wait()
         await server.drain()
     finally:
+        await runner.cleanup()
+        # Removed only now: a signal while the listeners close still cuts waits short.
         for installed_signum in installed:
             loop.remove_signal_handler(installed_signum)
-        await runner.cleanup()
         if port_file is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(port_file)
+
+
+def _loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    return type(loop).__module__.partition(".")[0]
+
+
+def describe_served(target: str, app: web.Application) -> str:
+    """The startup line's text: what ``app`` serves, as an operator wants to know it.
+
+    Names the target, the backend's class with its slots (``max_concurrent``), queue bound
+    (``max_queued``) and artifact root (``artifact_root``) when the backend has these
+    attributes, whether auth is on, the protocol version and the event loop.
+    """
+    server = app[ROLLOUT_SERVER_KEY]
+    backend = server.backend
+    details = []
+    if hasattr(backend, "max_concurrent"):
+        slots = backend.max_concurrent
+        details.append("no slot limit" if slots is None else f"{slots} slot(s)")
+    if hasattr(backend, "max_queued"):
+        queued = backend.max_queued
+        details.append("queue unbounded" if queued is None else f"queue bound {queued}")
+    if hasattr(backend, "artifact_root"):
+        details.append(f"artifact root {backend.artifact_root}")
+    described = type(backend).__name__ + (f" ({', '.join(details)})" if details else "")
+    return (
+        f"rollout-server serving {target}: backend {described}; "
+        f"auth {'on' if server.requires_auth else 'off'}; protocol {PROTOCOL_VERSION}; "
+        f"loop {_loop_name(asyncio.get_running_loop())}"
+    )
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -436,15 +527,90 @@ def tune_collector() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, *older)
 
 
-async def _serve_command(args: argparse.Namespace) -> int:
+class _ExitGuard:
+    """Bounds the command's exit, whatever user code does (see the module docstring).
+
+    From the first signal on, a daemon timer ends the process with status 0 once the
+    shutdown has had its stage bounds plus :data:`EXIT_SLACK_SEC`; a further signal moves
+    that to :data:`EXIT_SLACK_SEC` from then. Once serving is over, a signal exits at once.
+    """
+
+    def __init__(self) -> None:
+        self.bound_sec = EXIT_SLACK_SEC
+        self._timer: threading.Timer | None = None
+        self._signals = 0
+
+    def on_signal(self, _signum: int) -> None:
+        """Called for each SIGTERM/SIGINT while serving (the drain handles the signal)."""
+        self._signals += 1
+        self._arm(self.bound_sec if self._signals == 1 else EXIT_SLACK_SEC)
+
+    def after_serving(self) -> None:
+        """From now on, a SIGTERM or SIGINT ends the process at once, with status 0."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError, OSError):  # not the main thread
+                signal.signal(signum, self._exit_on_signal)
+
+    def disarm(self) -> None:
+        """The exit went as planned: stop the timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _arm(self, seconds: float) -> None:
+        self.disarm()
+        message = f"Shutdown still not over {seconds:g} s after the signal; exiting now"
+        self._timer = threading.Timer(seconds, _exit_now, args=(0, message))
+        self._timer.daemon = True
+        self._timer.start()
+
+    @staticmethod
+    def _exit_on_signal(signum: int, _frame: FrameType | None) -> None:
+        _exit_now(0, f"Received {signal.Signals(signum).name} again: exiting now")
+
+
+def _exit_now(status: int, message: str) -> None:
+    """Log ``message``, flush the logs and end the process with ``status``, without waiting
+    for threads or tasks of user code."""
+    logger.warning("%s", message)
+    logging.shutdown()
+    os._exit(status)
+
+
+async def _end_leftover_tasks(grace_sec: float) -> list[asyncio.Task[Any]]:
+    """Cancel every task but this one, wait up to ``grace_sec``; return those still running."""
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=grace_sec)
+    return [task for task in tasks if not task.done()]
+
+
+async def _serve_command(args: argparse.Namespace, exit_guard: _ExitGuard) -> int:
     target = load_target(args.target, app_dir=args.app_dir)
     app = await build_app(target, args)
+    stages = app[ROLLOUT_SERVER_KEY].shutdown_timeouts
+    exit_guard.bound_sec = (
+        stages.drain_sec
+        + stages.cleanup_sec
+        + stages.force_sec
+        + stages.backend_sec
+        + stages.collect_sec
+        + EXIT_SLACK_SEC
+    )
     tune_collector()
+    logger.info("%s", describe_served(args.target, app))
     try:
-        await serve(app, host=args.host, port=args.port, port_file=args.port_file)
-    except OSError as exc:
-        logger.error("rollout-server could not listen on %s: %s", _url(args.host, args.port), exc)
-        return 1
+        await serve(
+            app,
+            host=args.host,
+            port=args.port,
+            port_file=args.port_file,
+            on_signal=exit_guard.on_signal,
+        )
+    except OSError:
+        return 1  # serve() has said what failed
     return 0
 
 
@@ -463,10 +629,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger().setLevel(args.log_level)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be between 0 and 65535; got {args.port}")
+    exit_guard = _ExitGuard()
     try:
-        factory = _loop_factory(args.loop)
-        with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(_serve_command(args))
+        runner = asyncio.Runner(loop_factory=_loop_factory(args.loop))
+        try:
+            status = runner.run(_serve_command(args, exit_guard))
+            exit_guard.after_serving()
+            leftover = runner.run(_end_leftover_tasks(LEFTOVER_TASK_GRACE_SEC))
+            if leftover:
+                # asyncio.Runner would wait for them for ever: the shutdown has logged the
+                # ids of abandoned rollouts; do not wait for work that ignores cancellation.
+                _exit_now(
+                    status,
+                    f"{len(leftover)} task(s) still running after the shutdown ignored "
+                    "cancellation; exiting without them",
+                )
+        finally:
+            runner.close()
     except (ServeTargetError, ServerConfigError) as exc:
         cause = exc.__cause__
         show_traceback = cause is not None and not isinstance(
@@ -474,3 +653,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         logger.error("rollout-server: %s", exc, exc_info=show_traceback)
         return 2
+    finally:
+        exit_guard.disarm()
+    return status

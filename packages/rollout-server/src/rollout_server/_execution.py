@@ -6,15 +6,19 @@ This is spec section 4.7: the task runs ``backend.execute()`` with the ambient
 what :func:`execution_result` makes of it: the result to report, selected and run through
 the wire-sample pipeline, or a categorised failure. Cancellation and a ``BaseException``
 (a task crash) the registry publishes itself.
+
+An exception raised by ``execute()`` is a failure the backend reports (its traceback is
+logged at DEBUG; the registry's "finished" line says the category and message); an outcome
+the server cannot report (a backend contract violation) is logged at ERROR.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 import math
 import numbers
+from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
@@ -24,13 +28,14 @@ from rollout_types import RolloutErrorCategory, RolloutSample, RolloutStatus, is
 from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
 from ._categorize import categorize_exception
 from ._context import RolloutContext, context_binding
+from ._logtext import get_logger
 from ._record import ResultFields, RolloutRecord
 from ._registry import RolloutRegistry
 from ._sanitize import json_safe_sample, scrub_text
 
 __all__ = ["StatusSink", "execution_result", "start_execution", "wire_result"]
 
-logger: Final = logging.getLogger("rollout_server.execution")
+logger: Final = get_logger("rollout_server.execution")
 
 FALLBACK_MESSAGE: Final = "Internal server error"
 
@@ -134,6 +139,7 @@ def start_execution(
     record: RolloutRecord,
     request: ExecutionRequest,
     process_id: str,
+    on_start: Callable[[], None],
 ) -> asyncio.Task[Any]:
     """Start the execution task of one rollout: ``backend.execute(request)`` itself.
 
@@ -143,6 +149,9 @@ def start_execution(
     wrapper would do around the call happens in callbacks instead: ``running`` is
     reported just before the task's first step (unless the backend reports its own queue
     status), and the registry publishes once the task is done (:func:`execution_result`).
+    ``on_start`` is called just before that first step too, in any case: also when the
+    task was cancelled before it (then ``execute()`` never runs), and also when this
+    function raises after scheduling it.
 
     Args:
         registry: Where the status is reported.
@@ -150,11 +159,22 @@ def start_execution(
         record: The rollout's registry record.
         request: What the backend receives.
         process_id: The server instance's ``process_id`` (for the ambient context).
+        on_start: Called once, right before the task's first step (see above).
 
     Returns:
         The task, scheduled on the registry's loop.
     """
     loop = registry.loop
+    # Scheduled right before the task's first step, so nothing runs in between: the
+    # rollout counts as started unless a cancellation has landed before that step.
+    loop.call_soon(
+        _mark_started,
+        registry,
+        record,
+        not backend.reports_queue_status,
+        on_start,
+        context=_NO_CONTEXT,
+    )
     context = context_binding(
         RolloutContext.from_request(
             rollout_id=record.rollout_id,
@@ -164,11 +184,6 @@ def start_execution(
             on_status=request.on_status,
         )
     )
-    # Scheduled right before the task's first step, so nothing runs in between: the
-    # rollout counts as started unless a cancellation has landed before that step.
-    loop.call_soon(
-        _mark_started, registry, record, not backend.reports_queue_status, context=_NO_CONTEXT
-    )
     return loop.create_task(backend.execute(request), context=context)
 
 
@@ -176,7 +191,13 @@ _NO_CONTEXT: Final = contextvars.Context()
 """The context of the started callback (it reads no context variable)."""
 
 
-def _mark_started(registry: RolloutRegistry, record: RolloutRecord, report_running: bool) -> None:
+def _mark_started(
+    registry: RolloutRegistry,
+    record: RolloutRecord,
+    report_running: bool,
+    on_start: Callable[[], None],
+) -> None:
+    on_start()
     if registry.mark_started(record) and report_running:
         registry.set_status(record, RolloutStatus.RUNNING)
 
@@ -186,8 +207,9 @@ def execution_result(rollout_id: str, task: asyncio.Task[Any]) -> ResultFields:
     (the registry's ``outcome_of``).
 
     An outcome is checked and made wire-safe (:func:`wire_result`); an ``Exception`` (or an
-    outcome that fails those checks) is a categorised ``failure``, logged with its
-    traceback.
+    outcome that fails those checks) is a categorised ``failure``. The traceback of an
+    exception ``execute()`` raised is logged at DEBUG; an outcome that fails the checks is
+    logged at ERROR, with its traceback.
     """
     error = task.exception()
     if error is None:
@@ -199,9 +221,11 @@ def execution_result(rollout_id: str, task: asyncio.Task[Any]) -> ResultFields:
                     f"got {type(outcome).__name__}"
                 )
             return wire_result(rollout_id, outcome.reported())
-        except Exception as exc:  # noqa: BLE001 - logged and published below
+        except Exception as exc:
+            logger.exception("Rollout %s: the backend's outcome cannot be reported", rollout_id)
             error = exc
-    logger.error("Rollout %s failed", rollout_id, exc_info=error)
+    else:
+        logger.debug("Rollout %s: execute() raised", rollout_id, exc_info=error)
     return ResultFields(
         status=RolloutStatus.FAILURE,
         err_message=scrub_text(str(error)) or FALLBACK_MESSAGE,

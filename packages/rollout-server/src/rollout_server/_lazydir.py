@@ -9,17 +9,17 @@ only when ``ctx.artifacts_dir`` is first read.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from pathlib import Path
 from typing import Final
 
+from ._logtext import get_logger
 from ._trajectory import make_directory
 
 __all__ = ["LazyDirectory", "directory_repr", "resolve_directory"]
 
-logger: Final = logging.getLogger("rollout_server.local_backend")
+logger: Final = get_logger("rollout_server.local_backend")
 
 _MAKING: Final = threading.Lock()
 """Held while a directory is made: one lock for all (a lock per rollout in flight would cost

@@ -45,6 +45,7 @@ from ._grader import Grader, GraderConfig, GraderContext
 from ._imports import resolve_import_string
 from ._lazydir import LazyDirectory
 from ._limiter import ConcurrencyLimiter
+from ._logtext import get_logger
 from ._offload import BatchOffloader
 from ._trajectory import (
     ARTIFACTS_DIR_NAME,
@@ -56,7 +57,7 @@ from ._workflow import AgentWorkflow, AgentWorkflowConfig, AgentWorkflowOutput, 
 
 __all__ = ["DEFAULT_MAX_CONCURRENT", "LocalBackend"]
 
-logger: Final = logging.getLogger("rollout_server.local_backend")
+logger: Final = get_logger("rollout_server.local_backend")
 
 DEFAULT_MAX_CONCURRENT: Final = 4
 """Slot count of a LocalBackend built without a workflow config."""
@@ -344,6 +345,7 @@ class LocalBackend(ExecutionBackend):
                 "max_concurrent, or drop max_queued"
             )
         self._limiter = ConcurrencyLimiter(limit)
+        self._reserved = 0
         self._artifact_root = (
             default_artifact_root()
             if artifact_root is None
@@ -371,21 +373,32 @@ class LocalBackend(ExecutionBackend):
     # -- ExecutionBackend -------------------------------------------------------------
 
     def has_capacity(self) -> bool:
-        """False only when ``max_queued`` rollouts already wait and no slot is free.
-
-        The count covers rollouts whose execution has started; rollouts admitted in the
-        same event-loop turn (before their tasks start) are not counted yet, so a burst can
-        overshoot the bound by the number of admissions in that turn.
-        """
-        if self._max_queued is None or self._limiter.has_free_slot:
+        """False only when ``max_concurrent + max_queued`` rollouts are running, waiting
+        for a slot, or admitted and about to start (reserved by :meth:`try_reserve`)."""
+        if self._max_queued is None:
             return True
-        return self._limiter.queued < self._max_queued
+        limiter = self._limiter
+        assert limiter.max_concurrent is not None  # max_queued needs a limit
+        outstanding = limiter.running + limiter.queued + self._reserved
+        return outstanding < limiter.max_concurrent + self._max_queued
+
+    def try_reserve(self) -> bool:
+        """Count one admitted rollout until it starts, if :meth:`has_capacity` allows it."""
+        if not self.has_capacity():
+            return False
+        self._reserved += 1
+        return True
+
+    def release_reservation(self) -> None:
+        """The reserved rollout starts now (it takes its slot or its queue place at once)."""
+        if self._reserved > 0:
+            self._reserved -= 1
 
     def retry_after_sec(self) -> float:
         """How long a refused caller should wait: until the rollouts queued ahead of it
         would have drained.
 
-        ``(queued + 1) * mean_duration / max_concurrent``, clamped to [1, 60] s, where
+        ``(queued + reserved + 1) * mean_duration / max_concurrent``, clamped to [1, 60] s, where
         ``mean_duration`` is a moving mean (weight 0.2 for the newest) of how long finished
         rollouts held their slot, 5 s until one has finished. 1 s without a limit (which
         never refuses). The server rounds it up to whole seconds.
@@ -398,7 +411,8 @@ class LocalBackend(ExecutionBackend):
             if self._mean_duration_sec is None
             else self._mean_duration_sec
         )
-        return min(60.0, max(1.0, (self._limiter.queued + 1) * mean / slots))
+        waiting = self._limiter.queued + self._reserved
+        return min(60.0, max(1.0, (waiting + 1) * mean / slots))
 
     def health(self) -> dict[str, Any]:
         """``{"status": "ok", "concurrency": {"max_concurrent", "queued", "running",
@@ -476,7 +490,7 @@ class LocalBackend(ExecutionBackend):
         if not await self._acquire(run):
             assert timeout is not None
             message = _deadline_message("workflow", timeout, run.queued_sec)
-            logger.warning("Rollout %s: %s", request.id, message)
+            logger.debug("Rollout %s: %s", request.id, message)
             run.workflow = _timeout(message)
             return ExecutionOutcome(workflow=run.workflow)
         held_from = time.monotonic()
@@ -571,7 +585,7 @@ class LocalBackend(ExecutionBackend):
         try:
             if budget is not None and budget <= 0:
                 assert message is not None
-                logger.warning("Rollout %s: %s", request.id, message)
+                logger.debug("Rollout %s: %s", request.id, message)
                 return _timeout(message)
             deadline = _UNBOUNDED if budget is None else asyncio.timeout(budget)
             try:
@@ -590,15 +604,15 @@ class LocalBackend(ExecutionBackend):
             except Exception as exc:
                 if deadline.expired():
                     assert message is not None
-                    logger.warning("Rollout %s: %s", request.id, message)
+                    logger.debug("Rollout %s: %s", request.id, message)
                     return _timeout(message, **_diagnostics("workflow", exc))
-                logger.error("Workflow of rollout %s failed", request.id, exc_info=exc)
+                logger.debug("Workflow of rollout %s failed", request.id, exc_info=exc)
                 return self._failure(exc, None, "workflow")
             if budget is not None and (deadline.expired() or time.monotonic() - start > budget):
                 # It returned, but only after its deadline (it swallowed the cancellation or
                 # blocked the loop): a timeout, never a late success.
                 assert message is not None
-                logger.warning("Rollout %s: %s (it returned late)", request.id, message)
+                logger.debug("Rollout %s: %s (it returned late)", request.id, message)
                 return _timeout(message)
             return ExecutionResult(status=RolloutStatus.SUCCESS, sample=sample)
         finally:
@@ -662,7 +676,7 @@ class LocalBackend(ExecutionBackend):
         try:
             if timeout is not None and timeout <= 0:
                 assert message is not None
-                logger.warning("Rollout %s: %s", request.id, message)
+                logger.debug("Rollout %s: %s", request.id, message)
                 return _timeout(message, sample)
             deadline = asyncio.timeout(timeout)
             try:
@@ -681,13 +695,13 @@ class LocalBackend(ExecutionBackend):
             except Exception as exc:
                 if deadline.expired():
                     assert message is not None
-                    logger.warning("Rollout %s: %s", request.id, message)
+                    logger.debug("Rollout %s: %s", request.id, message)
                     return _timeout(message, sample, **_diagnostics("grader", exc))
-                logger.error("Grader of rollout %s failed", request.id, exc_info=exc)
+                logger.debug("Grader of rollout %s failed", request.id, exc_info=exc)
                 return self._failure(exc, sample, "grader")
             if timeout is not None and (deadline.expired() or time.monotonic() - start > timeout):
                 assert message is not None
-                logger.warning("Rollout %s: %s (it returned late)", request.id, message)
+                logger.debug("Rollout %s: %s (it returned late)", request.id, message)
                 return _timeout(message, sample)
             return ExecutionResult(status=RolloutStatus.SUCCESS, sample=graded)
         finally:

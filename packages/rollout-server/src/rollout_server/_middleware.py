@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import logging
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
@@ -29,11 +28,12 @@ from aiohttp.typedefs import Handler, Middleware
 from rollout_types import PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER, protocol_compatible
 
 from ._bodies import detail_body
+from ._logtext import get_logger
 from ._responses import detail_response, json_response
 
 __all__ = ["internal_error_response", "make_protocol_middleware", "self_guarded"]
 
-logger: Final = logging.getLogger("rollout_server.middleware")
+logger: Final = get_logger("rollout_server.middleware")
 
 _UNAUTHORIZED: Final = detail_body("unauthorized")
 _INTERNAL_ERROR: Final = detail_body(

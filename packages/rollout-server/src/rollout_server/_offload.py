@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import time
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
+
+from ._logtext import get_logger
 
 __all__ = [
     "DEFAULT_SLOW_JOB_SEC",
@@ -63,7 +64,7 @@ fail with TimeoutError."""
 DEFAULT_TURN_BUDGET_SEC: Final = 0.005
 """Most loop time (seconds) one turn spends on jobs before leaving the rest to the next."""
 
-logger: Final = logging.getLogger("rollout_server.files")
+logger: Final = get_logger("rollout_server.files")
 
 _T = TypeVar("_T")
 _Job = tuple[Callable[[], Any], "asyncio.Future[Any]"]

@@ -48,6 +48,7 @@ class RolloutRecord:
         delivered: Whether a poll has returned its published result.
         started: Whether its execution task has taken its first step.
         task: Its execution task while that runs, else None.
+        admitted_at: Loop time (seconds) of its admission.
     """
 
     __slots__ = (
@@ -57,6 +58,7 @@ class RolloutRecord:
         "_retention_elapsed",
         "_retention_timer",
         "_waiters",
+        "admitted_at",
         "body",
         "delivered",
         "disposition",
@@ -68,8 +70,11 @@ class RolloutRecord:
         "task",
     )
 
-    def __init__(self, rollout_id: str, digest: bytes, lease_deadline: float) -> None:
+    def __init__(
+        self, rollout_id: str, digest: bytes, lease_deadline: float, admitted_at: float = 0.0
+    ) -> None:
         self.rollout_id = rollout_id
+        self.admitted_at = admitted_at
         self.status = RolloutStatus.QUEUED
         self.lease_deadline = lease_deadline
         self.body: bytes | None = None

@@ -34,12 +34,13 @@ from rollout_types import CancelDisposition, RolloutErrorCategory, RolloutSample
 
 from ._bodies import result_body
 from ._deadlines import FIRE_SLACK_SEC, DeadlineQueue
+from ._logtext import get_logger
 from ._record import ResultFields, RolloutRecord, token_digest
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC, LongPollWaits
 
 __all__ = ["RolloutRegistry"]
 
-logger: Final = logging.getLogger("rollout_server.registry")
+logger: Final = get_logger("rollout_server.registry")
 
 LEASE_EXPIRED_MESSAGE: Final = "polling lease expired"
 CRASH_MESSAGE: Final = "rollout task crashed"
@@ -150,9 +151,13 @@ class RolloutRegistry:
         """How many execution tasks have not completed (``lifecycle.active_rollouts``)."""
         return len(self._tasks)
 
+    def active_ids(self) -> list[str]:
+        """The ids of the rollouts whose execution task has not completed."""
+        return [record.rollout_id for record in self._tasks.values()]
+
     @property
     def undelivered(self) -> int:
-        """How many results published since :meth:`start_collecting` no poll has returned."""
+        """How many results counted by :meth:`start_collecting` no poll has returned."""
         return self._undelivered
 
     # -- admission ------------------------------------------------------------------------
@@ -176,7 +181,8 @@ class RolloutRegistry:
         """
         loop = self.loop
         token = secrets.token_urlsafe(TOKEN_BYTES)
-        record = RolloutRecord(rollout_id, token_digest(token), loop.time() + self._lease_sec)
+        now = loop.time()
+        record = RolloutRecord(rollout_id, token_digest(token), now + self._lease_sec, now)
         self._records[rollout_id] = record
         try:
             task = start(record)
@@ -250,8 +256,9 @@ class RolloutRegistry:
     ) -> bool:
         """Fix the result of ``record``, unless one is fixed already (exactly once).
 
-        Wakes every long poll, stops the lease timer (the token stays valid) and starts
-        the retention timer.
+        Wakes every long poll, stops the lease timer (the token stays valid), starts the
+        retention timer and logs the rollout's one "finished" line (INFO, DEBUG for a
+        success).
 
         Returns:
             True if this call published, False if a result was already fixed.
@@ -266,6 +273,7 @@ class RolloutRegistry:
             err_category=err_category,
         )
         record.status = status
+        self._log_finished(record, status, sample, err_message, err_category)
         if record._lease_timer is not None:
             self._deadlines.cancel(record._lease_timer)
             record._lease_timer = None
@@ -279,6 +287,29 @@ class RolloutRegistry:
                 loop, loop.time() + self._retention_sec, self._on_retention_elapsed, record
             )
         return True
+
+    def _log_finished(
+        self,
+        record: RolloutRecord,
+        status: RolloutStatus,
+        sample: RolloutSample | None,
+        err_message: str | None,
+        err_category: RolloutErrorCategory | None,
+    ) -> None:
+        level = logging.DEBUG if status is RolloutStatus.SUCCESS else logging.INFO
+        if not logger.isEnabledFor(level):
+            return
+        logger.log(
+            level,
+            "Rollout %s finished: status=%s err_category=%s duration=%.3fs reward=%s "
+            "err_message=%s",
+            record.rollout_id,
+            status.value,
+            None if err_category is None else err_category.value,
+            self.loop.time() - record.admitted_at,
+            None if sample is None else sample.reward,
+            err_message,
+        )
 
     def mark_delivered(self, record: RolloutRecord) -> None:
         """Note that a poll has returned the published result of ``record``."""
@@ -325,9 +356,6 @@ class RolloutRegistry:
             err_message=LEASE_EXPIRED_MESSAGE,
             err_category=RolloutErrorCategory.LEASE_EXPIRED,
         ):
-            logger.info(
-                "Rollout %s: polling lease expired; requesting cancellation", record.rollout_id
-            )
             self._on_lease_expired(record)
 
     # -- cancellation ---------------------------------------------------------------------
@@ -390,12 +418,8 @@ class RolloutRegistry:
         """
         rollout_id = record.rollout_id
         if task.cancelled():
-            if not record.started:
-                self.publish(record, status=RolloutStatus.CANCELLED)
-            elif self.publish(
-                record, status=RolloutStatus.CANCELLED, err_message=CANCELLED_MESSAGE
-            ):
-                logger.info("Rollout %s cancelled", rollout_id)
+            message = CANCELLED_MESSAGE if record.started else None
+            self.publish(record, status=RolloutStatus.CANCELLED, err_message=message)
             return
         exc = task.exception()
         if exc is None or isinstance(exc, Exception):
@@ -407,15 +431,13 @@ class RolloutRegistry:
                 if fields is not None:
                     if record.body is None and self.loop.time() >= record.lease_deadline:
                         self._expire(record)
-                    elif self.publish(
-                        record,
-                        status=fields.status,
-                        sample=fields.sample,
-                        err_message=fields.err_message,
-                        err_category=fields.err_category,
-                    ):
-                        logger.info(
-                            "Rollout %s finished with status %s", rollout_id, fields.status.value
+                    else:
+                        self.publish(
+                            record,
+                            status=fields.status,
+                            sample=fields.sample,
+                            err_message=fields.err_message,
+                            err_category=fields.err_category,
                         )
                     return
                 logger.error("Rollout task for %s ended without a result", rollout_id)
@@ -457,12 +479,19 @@ class RolloutRegistry:
         return self._idle
 
     def start_collecting(self) -> None:
-        """From now on, count published results until a poll has delivered each."""
+        """Count every published result no poll has delivered yet, and from now on every
+        result published, until a poll has delivered each (or it is removed)."""
+        if self._collecting:
+            return
         self._collecting = True
+        for record in self._records.values():
+            if record.body is not None and not record.delivered:
+                record._collect_pending = True
+                self._undelivered += 1
 
     def delivered_future(self) -> asyncio.Future[None]:
-        """A future that is done once every result counted since :meth:`start_collecting`
-        has been delivered (or removed)."""
+        """A future that is done once every result counted by :meth:`start_collecting` has
+        been delivered (or removed)."""
         if self._delivered is None or self._delivered.done():
             self._delivered = self.loop.create_future()
         if self._undelivered == 0:

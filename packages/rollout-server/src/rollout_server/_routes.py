@@ -5,7 +5,10 @@
 * ``GET /rollout/{rollout_id}/result``: 422 → 404 → 403 → result, or renew and long-poll;
 * ``POST /rollout/cancel``: exactly one selector, one disposition per selected id.
 
-(401 and 426 come first, from the middleware.)
+(401 and 426 come first, from the middleware.) A request body must arrive within
+``body_read_timeout_sec`` (else 408, closing the connection); one that cannot be read (a
+Content-Encoding that does not decode, broken chunked framing, a connection that breaks
+off) gets 400, and one larger than ``max_body_bytes`` gets 413.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 from typing import Any, Final, TypeVar
 
 from aiohttp import hdrs, web
+from aiohttp.http_exceptions import ContentEncodingError
 
 from rollout_types import (
     LEASE_HEADER,
@@ -35,8 +39,13 @@ from ._bodies import LONE_SURROGATE, detail_body, encode, progress_body
 from ._middleware import internal_error_response, self_guarded
 from ._record import RolloutRecord
 from ._responses import detail_response, json_response
-from ._server import DEFAULT_RETRY_AFTER_SEC, RolloutServer
-from ._validation import header_error, too_deep_error, unencodable_id_error
+from ._server import DEFAULT_RETRY_AFTER_SEC, Refusal, RolloutServer
+from ._validation import (
+    header_error,
+    too_deep_error,
+    unencodable_id_error,
+    unpollable_id_error,
+)
 
 __all__ = ["Routes", "retry_after_header"]
 
@@ -63,6 +72,19 @@ _UNKNOWN_ID_BODY: Final = detail_body(UNKNOWN_ID)
 _BAD_LEASE_BODY: Final = detail_body(BAD_LEASE)
 _ONE_SELECTOR_BODY: Final = detail_body(ONE_SELECTOR)
 _CALLBACK_BODY: Final = detail_body(CALLBACK_PROTOCOL)
+_REFUSAL_BODIES: Final = {
+    Refusal.SHUTTING_DOWN: _SHUTTING_DOWN_BODY,
+    Refusal.QUEUE_FULL: _QUEUE_FULL_BODY,
+    Refusal.DUPLICATE: _DUPLICATE_BODY,
+}
+_UNDECODABLE_BODY: Final = detail_body(
+    "the request body could not be decoded with its Content-Encoding; send it encoded as "
+    "the header says, or without the header"
+)
+_BROKEN_BODY: Final = detail_body(
+    "the request body could not be read: its chunked framing is broken, or the connection "
+    "ended before Content-Length bytes arrived"
+)
 
 
 def retry_after_header(seconds: Any) -> str:
@@ -90,15 +112,15 @@ class Routes:
         server: The server the handlers call.
     """
 
-    __slots__ = ("_backend", "_max_body", "_registry", "_server", "_wait_sec", "_waits")
+    __slots__ = ("_body_sec", "_max_body", "_registry", "_server", "_wait_sec", "_waits")
 
     def __init__(self, server: RolloutServer) -> None:
         self._server = server
         self._registry = server.registry
         self._waits = server.registry.waits
-        self._backend = server.backend
         self._wait_sec = server.result_wait_timeout_sec
         self._max_body = server.max_body_bytes
+        self._body_sec = server.body_read_timeout_sec
 
     def table(self) -> list[web.RouteDef]:
         """The route table: ``/health``, ``/rollout``, ``/rollout/{id}/result``,
@@ -128,24 +150,22 @@ class Routes:
             init = _structure(data, RolloutInitRequest)
             if LONE_SURROGATE.search(init.rollout_id):
                 raise unencodable_id_error(init.rollout_id)
+            too_long = unpollable_id_error(init.rollout_id)
+            if too_long is not None:
+                raise too_long
         except WireValidationError as exc:
             return detail_response(422, exc.errors)
-        except _TooLargeError:
-            return self._too_large()
+        except _BodyError as exc:
+            return exc.response
         except RecursionError:
             return detail_response(422, too_deep_error().errors)
         server = self._server
-        if not server.accepting_rollouts:
-            return json_response(503, _SHUTTING_DOWN_BODY)
-        if not self._backend.has_capacity():
-            return json_response(
-                429,
-                _QUEUE_FULL_BODY,
-                {hdrs.RETRY_AFTER: retry_after_header(server.retry_after_sec())},
-            )
-        if init.rollout_id in self._registry:
-            return json_response(409, _DUPLICATE_BODY)
-        token = server.admit(init)
+        token = await server.admit(init)
+        if isinstance(token, Refusal):
+            headers: dict[str, str] | None = None
+            if token is Refusal.QUEUE_FULL:
+                headers = {hdrs.RETRY_AFTER: retry_after_header(server.retry_after_sec())}
+            return json_response(token.value, _REFUSAL_BODIES[token], headers)
         return json_response(
             202,
             encode(
@@ -200,8 +220,8 @@ class Routes:
             selection = _structure(await self._read_json(request), CancelRolloutsRequest)
         except WireValidationError as exc:
             return detail_response(422, exc.errors)
-        except _TooLargeError:
-            return self._too_large()
+        except _BodyError as exc:
+            return exc.response
         except RecursionError:
             return detail_response(422, too_deep_error().errors)
         if selection.selector_count != 1:
@@ -212,13 +232,27 @@ class Routes:
     # -- helpers --------------------------------------------------------------------------
 
     async def _read_json(self, request: web.Request) -> Any:
+        """Read and decode the body within ``body_read_timeout_sec``.
+
+        Raises:
+            _BodyError: With the answer, when the body is too large (413), late (408) or
+                cannot be read (400).
+        """
         length = request.content_length
         if length is not None and length > self._max_body:
-            raise _TooLargeError
+            raise _BodyError(self._too_large())
         try:
-            body = await request.read()
+            async with asyncio.timeout(self._body_sec):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise _TooLargeError from None
+            raise _BodyError(self._too_large()) from None
+        except TimeoutError:
+            raise _BodyError(self._too_slow()) from None
+        except (web.RequestPayloadError, ConnectionError) as exc:
+            undecodable = isinstance(exc.__cause__, ContentEncodingError)
+            response = json_response(400, _UNDECODABLE_BODY if undecodable else _BROKEN_BODY)
+            response.force_close()
+            raise _BodyError(response) from None
         return loads(body)
 
     def _too_large(self) -> web.Response:
@@ -228,6 +262,16 @@ class Routes:
             "a smaller body, or start the server with a higher max_body_bytes "
             "(rollout-server serve --max-body-bytes)",
         )
+
+    def _too_slow(self) -> web.Response:
+        response = detail_response(
+            408,
+            f"the request body did not arrive within {self._body_sec:g} s; send it at once, "
+            "or start the server with a higher body_read_timeout_sec "
+            "(rollout-server serve --body-read-timeout-sec)",
+        )
+        response.force_close()
+        return response
 
     def _lookup(self, request: web.Request, token: str | None) -> RolloutRecord | web.Response:
         """422 → 404 → 403, else the record the poll is for."""
@@ -268,5 +312,9 @@ def _structure(read: Any, cls: type[_T]) -> _T:
         raise too_deep_error() from None
 
 
-class _TooLargeError(Exception):
-    """The request body exceeds the server's ``max_body_bytes`` (answered with 413)."""
+class _BodyError(Exception):
+    """The request body cannot be taken; ``response`` answers it (413, 408 or 400)."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.status)
+        self.response = response

@@ -10,7 +10,6 @@ needs this (a client receives JSON that is strict already), so it lives here rat
 
 from __future__ import annotations
 
-import logging
 import math
 import numbers
 from collections.abc import Mapping
@@ -21,9 +20,11 @@ import attrs
 
 from rollout_types import RolloutSample, converter, dumps
 
+from ._logtext import get_logger, log_text
+
 __all__ = ["fit_json", "json_safe_sample", "scrub_text"]
 
-logger: Final = logging.getLogger("rollout_server.sanitize")
+logger: Final = get_logger("rollout_server.sanitize")
 
 _DROP: Final = object()
 
@@ -139,4 +140,4 @@ def json_safe_sample(sample: RolloutSample, *, context: str = "") -> RolloutSamp
 
 
 def _for(context: str) -> str:
-    return f" of rollout {context}" if context else ""
+    return f" of rollout {log_text(context)}" if context else ""

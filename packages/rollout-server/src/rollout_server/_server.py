@@ -5,12 +5,19 @@ the routes ask of it: admit a rollout, cancel a selection (through its
 :class:`~rollout_server._cancellation.Cancellation`), describe its health. It also runs
 the staged shutdown (:mod:`rollout_server._shutdown`) once. It knows no HTTP: the routes
 (:mod:`rollout_server._routes`) and the app (:mod:`rollout_server._app`) sit on top of it.
+
+Admission asks the backend for room exactly once per admitted rollout, however many
+admissions run at once (see :mod:`rollout_server._backend`): a backend with
+``try_reserve()`` holds a reservation until the rollout's execution starts; for a backend
+that only answers ``has_capacity()``, the server counts its own admitted-but-not-started
+rollouts and lets a new admission ask only once none is left (:class:`_AdmissionTurns`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import collections
+import enum
 import os
 import time
 import uuid
@@ -29,6 +36,7 @@ from rollout_types import (
 from ._backend import ExecutionBackend, ExecutionRequest
 from ._cancellation import Cancellation
 from ._execution import StatusSink, execution_result, start_execution
+from ._logtext import get_logger
 from ._record import RolloutRecord
 from ._registry import RolloutRegistry
 from ._sanitize import fit_json
@@ -36,14 +44,17 @@ from ._shutdown import ShutdownTimeouts, run_staged_shutdown
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 
 __all__ = [
+    "DEFAULT_BODY_READ_TIMEOUT_SEC",
+    "DEFAULT_HEADER_READ_TIMEOUT_SEC",
     "DEFAULT_KEEPALIVE_TIMEOUT_SEC",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_RETRY_AFTER_SEC",
     "INSTANCE_ID_ENV_VARS",
+    "Refusal",
     "RolloutServer",
 ]
 
-logger: Final = logging.getLogger("rollout_server.app")
+logger: Final = get_logger("rollout_server.app")
 
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 """Default limit on a request body, in bytes (64 MiB; aiohttp's own default is 1 MiB)."""
@@ -52,12 +63,91 @@ DEFAULT_KEEPALIVE_TIMEOUT_SEC: Final = 2160.0
 """Default HTTP keep-alive, in seconds: longer than common load-balancer idle timeouts
 (2100 s and less), so a gateway never reuses a connection the server is closing."""
 
+DEFAULT_HEADER_READ_TIMEOUT_SEC: Final = 30.0
+"""Default bound, in seconds, on receiving a request's headers once its first bytes have
+arrived (an idle keep-alive connection is not timed)."""
+
+DEFAULT_BODY_READ_TIMEOUT_SEC: Final = 60.0
+"""Default bound, in seconds, on receiving a request body once its headers have arrived
+(64 MiB, the default body limit, at about 1.1 MB/s)."""
+
 DEFAULT_RETRY_AFTER_SEC: Final = 5.0
 """The ``Retry-After`` hint (seconds) when the backend's own fails (osmosis-ai's default)."""
 
 INSTANCE_ID_ENV_VARS: Final = ("ROLLOUT_INSTANCE_ID", "_OSMOSIS_ROLLOUT_INSTANCE_ID")
 """Environment variables read for ``/health`` ``instance_id``; the first non-empty wins
 (``_OSMOSIS_ROLLOUT_INSTANCE_ID`` is what ``osmosis eval run`` sets)."""
+
+
+class Refusal(enum.Enum):
+    """Why :meth:`RolloutServer.admit` refused a rollout (the value is the HTTP status)."""
+
+    SHUTTING_DOWN = 503
+    QUEUE_FULL = 429
+    DUPLICATE = 409
+
+
+def _overrides(backend: ExecutionBackend, name: str) -> bool:
+    """Whether ``backend``'s class has its own ``name`` rather than the base class's."""
+    return getattr(type(backend), name, None) is not getattr(ExecutionBackend, name)
+
+
+class _AdmissionTurns:
+    """Admissions in arrival order, each asking a ``has_capacity()``-only backend only once
+    every rollout admitted before it has started (and so counts in the backend's answer).
+
+    Used only for backends without ``try_reserve()`` whose ``has_capacity()`` can refuse.
+    Without contention an admission passes at once; otherwise it waits for its turn, which
+    comes once the rollouts admitted before it have taken their first step (usually the
+    next loop turn).
+    """
+
+    __slots__ = ("_held", "_loop", "_waiters", "unstarted")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._held = False
+        self.unstarted = 0
+        """Admitted rollouts whose execution has not taken its first step yet."""
+
+    async def take(self) -> None:
+        """Wait until this admission may ask the backend; pair it with :meth:`give_back`."""
+        if not self.unstarted and not self._waiters and not self._held:
+            self._held = True
+            return
+        waiter = self._loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give_back()  # the turn was handed over just before the cancellation
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def give_back(self) -> None:
+        """End this admission's turn (it admitted a rollout or refused one)."""
+        self._held = False
+        self._pass_on()
+
+    def started(self) -> None:
+        """One admitted rollout is about to take its first step."""
+        self.unstarted -= 1
+        if not self.unstarted and self._waiters:
+            # After that step (queued behind it), when the backend counts the rollout.
+            self._loop.call_soon(self._pass_on)
+
+    def _pass_on(self) -> None:
+        if self._held or self.unstarted:
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._held = True
+                waiter.set_result(None)
+                return
 
 
 def _instance_id_from_env() -> str | None:
@@ -82,6 +172,9 @@ class RolloutServer:
         result_retention_sec: Retention of a published result, seconds.
         max_body_bytes: Largest accepted request body, bytes.
         keepalive_timeout_sec: HTTP keep-alive of idle connections, seconds.
+        header_read_timeout_sec: Bound on receiving a request's headers, seconds.
+        body_read_timeout_sec: Bound on receiving a request body, seconds.
+        requires_auth: Whether requests must carry the API key.
         access_log: Whether one line per request is logged to ``rollout_server.access``.
         status_change_grace_sec: How long a long poll goes on waiting after a non-terminal
             status change, for a result that may follow, seconds (put off while the event
@@ -99,6 +192,9 @@ class RolloutServer:
         max_body_bytes: int,
         shutdown_timeouts: ShutdownTimeouts,
         keepalive_timeout_sec: float = DEFAULT_KEEPALIVE_TIMEOUT_SEC,
+        header_read_timeout_sec: float = DEFAULT_HEADER_READ_TIMEOUT_SEC,
+        body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
+        requires_auth: bool = False,
         access_log: bool = False,
         status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
     ) -> None:
@@ -109,6 +205,9 @@ class RolloutServer:
         self.max_body_bytes = max_body_bytes
         self.shutdown_timeouts = shutdown_timeouts
         self.keepalive_timeout_sec = keepalive_timeout_sec
+        self.header_read_timeout_sec = header_read_timeout_sec
+        self.body_read_timeout_sec = body_read_timeout_sec
+        self.requires_auth = requires_auth
         self.access_log = access_log
         self.status_change_grace_sec = status_change_grace_sec
         self.process_id = str(uuid.uuid4())
@@ -121,6 +220,9 @@ class RolloutServer:
             status_change_grace_sec=status_change_grace_sec,
         )
         self._cancellation = Cancellation(registry=self.registry, backend=backend, spawn=self.spawn)
+        self._reserves = _overrides(backend, "try_reserve")
+        self._takes_turns = not self._reserves and _overrides(backend, "has_capacity")
+        self._turns: _AdmissionTurns | None = None
         self._accepting = True
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self._drain_task: asyncio.Task[None] | None = None
@@ -143,14 +245,37 @@ class RolloutServer:
             )
             return DEFAULT_RETRY_AFTER_SEC
 
-    def admit(self, init: RolloutInitRequest) -> str:
-        """Register ``init`` and schedule its execution task; return the lease token.
+    async def admit(self, init: RolloutInitRequest) -> str | Refusal:
+        """Admit ``init``: check shutdown, then room in the backend, then duplicates (in
+        that order); register it and schedule its execution task.
 
-        The caller has checked shutdown, capacity and duplicates (in that order).
+        Returns:
+            The lease token, or why the rollout was refused.
         """
-        registry = self.registry
+        if not self._takes_turns:
+            return self._admit_now(init)
+        turns = self._turns
+        if turns is None:
+            turns = self._turns = _AdmissionTurns(self.registry.loop)
+        await turns.take()
+        try:
+            return self._admit_now(init)
+        finally:
+            turns.give_back()
+
+    def _admit_now(self, init: RolloutInitRequest) -> str | Refusal:
+        if not self._accepting:
+            return Refusal.SHUTTING_DOWN
         backend = self.backend
+        if not (backend.try_reserve() if self._reserves else backend.has_capacity()):
+            return Refusal.QUEUE_FULL
+        registry = self.registry
+        if init.rollout_id in registry:
+            if self._reserves:
+                self._release_reservation()
+            return Refusal.DUPLICATE
         admitted_at = time.monotonic()
+        scheduled = False
 
         def start(record: RolloutRecord) -> asyncio.Task[Any]:
             request = ExecutionRequest(
@@ -167,16 +292,39 @@ class RolloutServer:
                 admitted_at=admitted_at,
                 on_status=StatusSink(registry, record),
             )
+            nonlocal scheduled
+            scheduled = True  # start_execution schedules _on_start before anything else
+            if self._turns is not None:
+                self._turns.unstarted += 1
             return start_execution(
                 registry=registry,
                 backend=backend,
                 record=record,
                 request=request,
                 process_id=self.process_id,
+                on_start=self._on_start,
             )
 
-        _record, token = registry.register(init.rollout_id, start)
+        try:
+            _record, token = registry.register(init.rollout_id, start)
+        except BaseException:
+            if not scheduled and self._reserves:
+                self._release_reservation()
+            raise
         return token
+
+    def _on_start(self) -> None:
+        """An admitted rollout starts (or never will): end its reservation or turn."""
+        if self._turns is not None:
+            self._turns.started()
+        if self._reserves:
+            self._release_reservation()
+
+    def _release_reservation(self) -> None:
+        try:
+            self.backend.release_reservation()
+        except Exception:
+            logger.exception("backend.release_reservation() failed")
 
     # -- cancellation ---------------------------------------------------------------------
 

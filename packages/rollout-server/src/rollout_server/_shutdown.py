@@ -1,16 +1,21 @@
 """Staged shutdown that keeps results collectable.
 
-The stages, in order (each wait ends early once no execution is active):
+The stages, in order (each wait ends early once no execution is active, and every wait
+ends at once on ``hurry``: a second signal):
 
 1. close admissions: ``POST /rollout`` answers 503 from now on, result polls keep working;
 2. wait up to :attr:`ShutdownTimeouts.drain_sec` for active executions to finish;
 3. request cancellation of everything still running (backend first, then the server's own
    task, as ``POST /rollout/cancel`` with ``all``) and wait up to ``cleanup_sec``;
-4. hard-cancel the execution tasks still active and wait up to ``force_sec``;
-5. ``await backend.shutdown()``, bounded by ``backend_sec``;
+4. hard-cancel the execution tasks still active and wait up to ``force_sec``; executions
+   still running then are abandoned, their ids logged once;
+5. ``await backend.shutdown()``, bounded by ``backend_sec`` (after a second signal, by
+   :data:`HURRIED_BACKEND_SHUTDOWN_SEC` at most: the backend still gets to release what it
+   holds);
 6. publish ``cancelled`` for any rollout still without a result (its task ignored every
-   cancellation), then give pollers up to ``collect_sec`` to collect the results published
-   since shutdown began (it ends early once each has been delivered at least once);
+   cancellation), then give pollers up to ``collect_sec`` to collect every result not yet
+   delivered, those published before shutdown began included (it ends early once each
+   has been delivered at least once);
 7. close the registry: timers stop and waiting long polls answer at once.
 
 Only after that does the ``rollout-server`` command stop listening.
@@ -22,7 +27,6 @@ offers them), so this module depends on no server class.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Coroutine, Mapping
 from typing import Any, Final, Protocol
 
@@ -32,14 +36,28 @@ from rollout_types import CancelDisposition, check_seconds
 
 from ._backend import ExecutionBackend
 from ._errors import ServerConfigError
+from ._logtext import get_logger, log_list
 from ._registry import RolloutRegistry
 
-__all__ = ["ShutdownTarget", "ShutdownTimeouts", "run_staged_shutdown"]
+__all__ = [
+    "HURRIED_BACKEND_SHUTDOWN_SEC",
+    "MAX_LOGGED_IDS",
+    "ShutdownTarget",
+    "ShutdownTimeouts",
+    "run_staged_shutdown",
+]
 
-logger: Final = logging.getLogger("rollout_server.shutdown")
+logger: Final = get_logger("rollout_server.shutdown")
 
 SHUTDOWN_ERR_MESSAGE: Final = "rollout server shut down before the rollout finished"
 """``err_message`` of a rollout whose execution outlived every shutdown stage."""
+
+HURRIED_BACKEND_SHUTDOWN_SEC: Final = 2.0
+"""Longest wait (seconds) for ``backend.shutdown()`` once a second signal has cut the
+shutdown's waits short."""
+
+MAX_LOGGED_IDS: Final = 50
+"""Most rollout ids one shutdown log line lists (the rest are counted)."""
 
 
 def _non_negative_finite(_inst: object, attribute: attrs.Attribute[float], value: object) -> None:
@@ -55,8 +73,9 @@ class ShutdownTimeouts:
         cleanup_sec: Wait after requesting cancellation of everything; default 120.0.
         force_sec: Wait after hard-cancelling the remaining tasks; default 10.0.
         backend_sec: Bound on ``backend.shutdown()``; default 30.0.
-        collect_sec: Window for pollers to collect results published during the drain,
-            before the server stops listening; default 5.0.
+        collect_sec: Window for pollers to collect the results not yet delivered when
+            shutdown began or published since, before the server stops listening; default
+            5.0.
 
     Raises:
         ServerConfigError: If a value is not a finite number >= 0.
@@ -148,10 +167,22 @@ async def run_staged_shutdown(
         )
         registry.force_cancel()
         await _wait_first(registry.idle_future(), hurry, timeouts.force_sec)
-    active = registry.active
-    if active:
-        logger.error("%d rollout execution(s) ignored forced cancellation; abandoning them", active)
-    await _shutdown_backend(server, timeouts.backend_sec)
+    abandoned_ids = registry.active_ids()
+    if abandoned_ids:
+        if hurry.done():
+            logger.warning(
+                "Shutdown waits cut short by a second signal; abandoning %d rollout "
+                "execution(s) still running: %s",
+                len(abandoned_ids),
+                log_list(abandoned_ids, MAX_LOGGED_IDS),
+            )
+        else:
+            logger.error(
+                "%d rollout execution(s) ignored forced cancellation; abandoning them: %s",
+                len(abandoned_ids),
+                log_list(abandoned_ids, MAX_LOGGED_IDS),
+            )
+    await _shutdown_backend(server, timeouts.backend_sec, hurry)
     abandoned = registry.publish_unfinished(SHUTDOWN_ERR_MESSAGE)
     if abandoned:
         logger.warning("Published 'cancelled' for %d unfinished rollout(s)", abandoned)
@@ -166,11 +197,29 @@ async def run_staged_shutdown(
     logger.info("Rollout server shutdown complete")
 
 
-async def _shutdown_backend(server: ShutdownTarget, timeout: float) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            await server.backend.shutdown()
-    except TimeoutError:
-        logger.error("backend.shutdown() did not finish within %.1fs; continuing", timeout)
-    except Exception:
-        logger.exception("backend.shutdown() failed; continuing")
+async def _shutdown_backend(
+    server: ShutdownTarget, timeout: float, hurry: asyncio.Future[None]
+) -> None:
+    async def shutdown() -> None:
+        await server.backend.shutdown()
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    task = asyncio.ensure_future(shutdown())
+    await _wait_first(task, hurry, timeout)
+    remaining = min(deadline - loop.time(), HURRIED_BACKEND_SHUTDOWN_SEC)
+    if not task.done() and hurry.done() and remaining > 0:
+        await asyncio.wait((task,), timeout=remaining)
+    if not task.done():
+        task.cancel()
+        if hurry.done():
+            logger.warning(
+                "backend.shutdown() did not finish within %.1fs of the second signal; continuing",
+                HURRIED_BACKEND_SHUTDOWN_SEC,
+            )
+        else:
+            logger.error("backend.shutdown() did not finish within %.1fs; continuing", timeout)
+        return
+    exc = task.exception()
+    if exc is not None:
+        logger.error("backend.shutdown() failed; continuing", exc_info=exc)

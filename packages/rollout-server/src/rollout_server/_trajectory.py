@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from ._logtext import get_logger
 from ._sanitize import fit_json
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
     "write_rollout_files",
 ]
 
-logger: Final = logging.getLogger("rollout_server.trajectory")
+logger: Final = get_logger("rollout_server.trajectory")
 
 ARTIFACT_ROOT_ENV: Final = "ROLLOUT_ARTIFACT_ROOT"
 """Environment variable naming the artifact root."""
