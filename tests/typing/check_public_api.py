@@ -77,9 +77,19 @@ def _server_usage() -> None:
         Grader,
         GraderContext,
         LocalBackend,
+        ModelEndpointError,
         WorkflowContext,
+        categorize_exception,
         create_rollout_server,
     )
+    from rollout_types import RolloutErrorCategory
+
+    class ChatFailedError(ModelEndpointError):
+        """The agent's own model-endpoint error: reported as http_error for a 503."""
+
+    status: int | None = ChatFailedError("busy", status_code=503).status_code
+    category: RolloutErrorCategory = categorize_exception(ChatFailedError("busy", status_code=503))
+    del status, category
 
     class Echo(AgentWorkflow):
         async def run(self, ctx: WorkflowContext) -> list[dict[str, object]]:
