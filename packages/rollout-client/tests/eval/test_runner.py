@@ -342,6 +342,36 @@ class TestStop:
         assert read_journal(report.run_dir / "events.jsonl") == []
         assert report.summary["items"]["pending"] == 5
 
+    async def test_failed_cancels_make_one_message(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Cancels that fail (a server gone) are reported once, with their count."""
+        control = RunControl()
+
+        async def behave(
+            request: dict[str, Any], cancelled: asyncio.Event
+        ) -> RolloutResultResponse:
+            if server.in_flight == 3:
+                control.request_stop("interrupted", interrupted=True)
+            return await fakes.until_cancelled(request, cancelled)
+
+        server = fakes.FakeServer(behave)
+        server.cancel_error = ConnectionRefusedError(111, "Connection refused")
+        stream = io.StringIO()
+        await run_eval(
+            options(dataset, tmp_path, concurrency=3),
+            stream=stream,
+            control=control,
+            client_factory=server.factory,
+        )
+        assert len(server.cancel_requests) == 3
+        lines = [line for line in stream.getvalue().splitlines() if "could not cancel" in line]
+        assert lines == [
+            "rollout-eval: could not cancel 3 rollout(s) on the server (last: "
+            "ConnectionRefusedError: [Errno 111] Connection refused); their polling leases "
+            "expire instead"
+        ]
+
     async def test_stop_abandons_admissions_in_progress(
         self, fakes: Any, dataset: Path, tmp_path: Path
     ) -> None:
