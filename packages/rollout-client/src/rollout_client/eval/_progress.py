@@ -151,7 +151,7 @@ class Progress:
         eta = format_duration(remaining / rate) if rate > 0 and remaining > 0 else "-"
         fields = self._fields(
             done=self.done,
-            pass_text=pass_text,
+            percent=pass_text,
             failed=self.failed,
             infra=self.infra,
             rate=rate,
@@ -168,11 +168,11 @@ class Progress:
         return text[: max(width, 1)]
 
     def _fields(
-        self, *, done: int, pass_text: str, failed: int, infra: int, rate: float, eta: str
+        self, *, done: int, percent: str, failed: int, infra: int, rate: float, eta: str
     ) -> dict[str, str]:
         return {
             "count": f"{done}/{self.total}",
-            "pass": f"pass {pass_text}",
+            "pass": f"pass {percent}",
             "failed": f"failed {failed}",
             "infra": f"infra {infra}",
             "rate": f"{rate:.1f}/s",
@@ -188,7 +188,7 @@ class Progress:
         """
         total = self.total
         widest = self._fields(
-            done=total, pass_text="100.0%", failed=total, infra=total, rate=999.9, eta="59m59s"
+            done=total, percent="100.0%", failed=total, infra=total, rate=999.9, eta="59m59s"
         )
         text = "  ".join(widest.values())
         bar_width = min(_BAR_WIDTH, width - len(text) - 3)  # "[", "] "
