@@ -4,6 +4,7 @@ real rollout server and client."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import socket
 import sys
@@ -16,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from rollout_client import RolloutClient
+from rollout_client.eval import EvalOptions, run_eval
 from rollout_server import AgentWorkflowConfig, GraderContext, LocalBackend, Sample
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,3 +199,55 @@ class TestCalculatorAgent:
         assert result.status == "failure"
         assert result.err_category == "http_error"
         assert "failed: ClientConnectorError" in result.err_message
+
+
+class TestModelOutageInEval:
+    async def test_dead_chat_url_leaves_items_pending_and_the_right_url_resumes(
+        self, aiohttp_server: Any, serve_rollout: Any, tmp_path: Path
+    ) -> None:
+        """A run whose --chat-url is dead from the start scores nothing: every item fails as
+        http_error and stays pending, the run exits 1 and says how to resume, and the same
+        run with the right URL runs every item (it used to find them all done, as zeros)."""
+        rows = (ROOT / "examples" / "datasets" / "arithmetic.jsonl").read_text().splitlines()
+        dataset = tmp_path / "five.jsonl"
+        dataset.write_text("\n".join(rows[:5]) + "\n")
+        server = await serve_rollout(backend(tmp_path, max_retries=0))
+        with socket.socket() as bound_not_listening:
+            bound_not_listening.bind(("127.0.0.1", 0))
+            dead_url = f"http://127.0.0.1:{bound_not_listening.getsockname()[1]}/v1"
+            first = await run_eval(
+                EvalOptions(
+                    dataset=dataset,
+                    server_url=server.url,
+                    chat_url=dead_url,
+                    output=tmp_path / "out",
+                    concurrency=2,
+                    progress="off",
+                ),
+                stream=io.StringIO(),
+            )
+        assert first.exit_code == 1
+        assert first.summary["by_outcome"]["infra_failure"] == 5
+        assert first.summary["by_err_category"] == {"http_error": 5}
+        assert first.summary["items"]["scored"] == 0
+        assert first.closing_line is not None
+        assert first.closing_line.endswith("; 5 items pending. Re-run the same command to resume.")
+
+        standin = load_standin()
+        chat = await aiohttp_server(standin.create_app(standin.StandinConfig()), host="127.0.0.1")
+        second = await run_eval(
+            EvalOptions(
+                dataset=dataset,
+                server_url=server.url,
+                chat_url=str(chat.make_url("/v1")),
+                output=tmp_path / "out",
+                concurrency=2,
+                progress="off",
+            ),
+            stream=io.StringIO(),
+        )
+        assert second.exit_code == 0
+        assert second.summary["complete"] is True
+        assert second.summary["by_outcome"]["success"] == 5
+        assert second.summary["pass"]["passed"] == 5
+        assert second.closing_line is None
