@@ -1,52 +1,5 @@
-"""Classify an exception from a workflow or grader into the protocol's ``err_category``.
-
-The rules, first match wins (wire-protocol section 5.6, plus the model-endpoint rules that
-are ours; osmosis-ai 0.3.8 reports those exceptions as ``agent_error``):
-
-====  ===========================================================  ====================
-rule  exception                                                    ``err_category``
-====  ===========================================================  ====================
-1     a connect timeout: ``aiohttp.ConnectionTimeoutError``        ``http_error``
-2     ``TimeoutError`` and subclasses (``asyncio.TimeoutError``,   ``timeout``
-      aiohttp's read timeouts); ``httpx.ReadTimeout``,
-      ``httpx.WriteTimeout``; ``APITimeoutError`` (OpenAI and
-      Anthropic SDKs)
-3a    the model endpoint could not be reached or failed:           ``http_error``
-      :class:`~rollout_server.ModelEndpointError` (see its
-      ``status_code`` rule below); ``ConnectionError`` (refused,
-      reset, aborted, broken pipe); ``socket.gaierror`` (DNS);
-      ``urllib.error.URLError``; ``aiohttp.ClientConnectionError``
-      and ``aiohttp.ClientPayloadError``; ``httpx.TransportError``
-      (``ConnectError``, ``ConnectTimeout``, ``PoolTimeout``,
-      ``RemoteProtocolError``, ...); ``APIConnectionError``
-      (OpenAI and Anthropic SDKs)
-3b    an HTTP status error whose status is in                      ``http_error``
-      :data:`MODEL_ENDPOINT_ERROR_STATUS_CODES`:
-      ``aiohttp.ClientResponseError`` (``raise_for_status()``),
-      ``httpx.HTTPStatusError``, ``urllib.error.HTTPError``,
-      ``APIStatusError`` (OpenAI and Anthropic SDKs)
-4     ``ValueError``, ``TypeError``, ``AssertionError`` (and       ``validation_error``
-      ``json.JSONDecodeError``, ``UnicodeError``, pydantic's
-      ``ValidationError``)
-5     a class named in :data:`HTTP_ERROR_CLASS_NAMES` anywhere     ``http_error``
-      in the MRO, or one named in
-      :data:`HTTP_ERROR_STATUS_CLASS_NAMES` with an integer
-      ``status_code`` in :data:`HTTP_ERROR_STATUS_CODES`
-      (sandbox providers, as osmosis-ai)
-6     anything else, including an HTTP status error with another   ``agent_error``
-      status (400, 413, 422, ...)
-====  ===========================================================  ====================
-
-``http_error`` means "infrastructure or provider failure" (spec 2.2): callers such as
-``rollout-eval`` do not score it and run the item again later. A status in
-:data:`MODEL_ENDPOINT_ERROR_STATUS_CODES` says the endpoint, or how it is configured, failed
-(a wrong key, an exhausted quota, a wrong URL or model name, rate limiting, a server error):
-the same failure would hit any conversation. Any other 4xx refuses the request the agent
-built (too long a context, a bad tool schema): that is the agent's failure.
-
-Third-party classes are recognised by name (``httpx.X`` also by the top-level module
-``httpx``), so neither httpx nor the SDKs are imported or needed.
-"""
+"""Classify an exception from a workflow or grader into the protocol's ``err_category``
+(the rules are in :func:`categorize_exception`)."""
 
 from __future__ import annotations
 
@@ -105,7 +58,54 @@ _CONNECTION_FAILURE_TYPES: Final = (
 
 
 def categorize_exception(exc: BaseException) -> RolloutErrorCategory:
-    """Tell which ``err_category`` a failure reports (the table in the module docstring).
+    """Tell which ``err_category`` a failure reports.
+
+    The rules, first match wins (wire-protocol section 5.6, plus the model-endpoint rules that
+    are ours; osmosis-ai 0.3.8 reports those exceptions as ``agent_error``):
+
+    ====  ===========================================================  ====================
+    rule  exception                                                    ``err_category``
+    ====  ===========================================================  ====================
+    1     a connect timeout: ``aiohttp.ConnectionTimeoutError``        ``http_error``
+    2     ``TimeoutError`` and subclasses (``asyncio.TimeoutError``,   ``timeout``
+          aiohttp's read timeouts); ``httpx.ReadTimeout``,
+          ``httpx.WriteTimeout``; ``APITimeoutError`` (OpenAI and
+          Anthropic SDKs)
+    3a    the model endpoint could not be reached or failed:           ``http_error``
+          :class:`~rollout_server.ModelEndpointError` (see its
+          ``status_code`` rule below); ``ConnectionError`` (refused,
+          reset, aborted, broken pipe); ``socket.gaierror`` (DNS);
+          ``urllib.error.URLError``; ``aiohttp.ClientConnectionError``
+          and ``aiohttp.ClientPayloadError``; ``httpx.TransportError``
+          (``ConnectError``, ``ConnectTimeout``, ``PoolTimeout``,
+          ``RemoteProtocolError``, ...); ``APIConnectionError``
+          (OpenAI and Anthropic SDKs)
+    3b    an HTTP status error whose status is in                      ``http_error``
+          :data:`MODEL_ENDPOINT_ERROR_STATUS_CODES`:
+          ``aiohttp.ClientResponseError`` (``raise_for_status()``),
+          ``httpx.HTTPStatusError``, ``urllib.error.HTTPError``,
+          ``APIStatusError`` (OpenAI and Anthropic SDKs)
+    4     ``ValueError``, ``TypeError``, ``AssertionError`` (and       ``validation_error``
+          ``json.JSONDecodeError``, ``UnicodeError``, pydantic's
+          ``ValidationError``)
+    5     a class named in :data:`HTTP_ERROR_CLASS_NAMES` anywhere     ``http_error``
+          in the MRO, or one named in
+          :data:`HTTP_ERROR_STATUS_CLASS_NAMES` with an integer
+          ``status_code`` in :data:`HTTP_ERROR_STATUS_CODES`
+          (sandbox providers, as osmosis-ai)
+    6     anything else, including an HTTP status error with another   ``agent_error``
+          status (400, 413, 422, ...)
+    ====  ===========================================================  ====================
+
+    ``http_error`` means "infrastructure or provider failure" (spec 2.2): callers such as
+    ``rollout-eval`` do not score it and run the item again later. A status in
+    :data:`MODEL_ENDPOINT_ERROR_STATUS_CODES` says the endpoint, or how it is configured, failed
+    (a wrong key, an exhausted quota, a wrong URL or model name, rate limiting, a server error):
+    the same failure would hit any conversation. Any other 4xx refuses the request the agent
+    built (too long a context, a bad tool schema): that is the agent's failure.
+
+    Third-party classes are recognised by name (``httpx.X`` also by the top-level module
+    ``httpx``), so neither httpx nor the SDKs are imported or needed.
 
     Args:
         exc: What the workflow, the grader or the backend raised.

@@ -132,7 +132,6 @@ def build_parser() -> argparse.ArgumentParser:
             "target."
         ),
     )
-    serve_cmd.set_defaults(command_parser=serve_cmd)
     serve_cmd.add_argument(
         "target", metavar="MODULE:ATTR", help="what to serve, e.g. my_project.server:backend"
     )
@@ -209,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="log one line per request (logger rollout_server.access)",
     )
+    for command in commands.choices.values():  # main() names the subcommand in errors
+        command.set_defaults(command_parser=command)
     return parser
 
 

@@ -103,7 +103,6 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=ROW_FORMAT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.set_defaults(command_parser=run)
     run.add_argument("dataset", type=Path, metavar="DATASET", help="a .jsonl or .csv file")
     run.add_argument("--server", required=True, metavar="URL", help="rollout server base URL")
     run.add_argument(
@@ -195,8 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between plain progress lines (default 10)",
     )
     show = commands.add_parser("show", help="print the summary of a run again")
-    show.set_defaults(command_parser=show)
     show.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="OUTPUT/NAME of a run")
+    for command in commands.choices.values():  # main() names the subcommand in errors
+        command.set_defaults(command_parser=command)
     return parser
 
 

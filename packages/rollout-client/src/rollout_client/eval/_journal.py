@@ -20,11 +20,10 @@ Each line is an object::
 * ``skipped``: the grader asked to remove the sample (``remove_sample``); not scored;
 * ``infra_failure``: the infrastructure failed (``lease_expired``, ``internal_error``,
   ``http_error`` (the model endpoint, a sandbox or a provider failed), a category this
-  client does not know,
-  transport or protocol errors, admission timeout, a rollout that outlived its deadline);
-  never scored. ``status`` is null when no terminal status was received; ``err_category``
-  then names the client-side cause (``transport_error``, ``protocol_error``,
-  ``admission_timeout``, ``deadline_exceeded``, ``client_error``).
+  client does not know, transport or protocol errors, admission timeout, a rollout that
+  outlived its deadline); never scored. ``status`` is null when no terminal status was
+  received; ``err_category`` then names the client-side cause (``transport_error``,
+  ``protocol_error``, ``admission_timeout``, ``deadline_exceeded``, ``client_error``).
 
 An item (``row_index``, ``run_index``) counts as done when its **last** record is
 ``success``, ``failed`` or ``skipped``. An item whose last record is ``infra_failure`` stays

@@ -49,7 +49,8 @@ _DROP_ORDER: Final = ("rate", "infra", "failed", "eta", "pass")
 
 
 def terminal_columns(stream: TextIO) -> int:
-    """The width of the terminal ``stream`` writes to (``$COLUMNS`` or 80 when unknown)."""
+    """The width of the terminal ``stream`` writes to; when it is none, ``$COLUMNS``, else
+    the width of standard output's terminal, else 80."""
     try:
         return os.get_terminal_size(stream.fileno()).columns
     except (AttributeError, ValueError, OSError):
