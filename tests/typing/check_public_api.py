@@ -68,6 +68,29 @@ async def _client_usage() -> None:
         del final, phase, latest, awaited, health, code, timeout_error, delays
 
 
+# -- rollout_client.eval: the rollout-eval job as a library ---------------------------------
+async def _eval_usage() -> None:
+    import sys
+    from pathlib import Path
+
+    from rollout_client.eval import EvalOptions, EvalReport, RunControl, run_eval
+
+    control = RunControl()
+    control.request_drain("the rollout server is shutting down")
+    draining: bool = control.draining
+    report: EvalReport = await run_eval(
+        EvalOptions(
+            dataset=Path("d.jsonl"),
+            server_url="http://127.0.0.1:8000",
+            chat_url="http://127.0.0.1:9000/v1",
+        ),
+        stream=sys.stderr,
+        control=control,
+    )
+    closing: str | None = report.closing_line
+    del draining, closing
+
+
 # -- rollout_server: a workflow, a grader, LocalBackend and the app factory -----------------
 def _server_usage() -> None:
     from aiohttp import web
