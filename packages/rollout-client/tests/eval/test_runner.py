@@ -315,21 +315,26 @@ class TestResume:
             )
 
 
+def interrupted_at(fakes: Any, control: RunControl, *, in_flight: int) -> Any:
+    """A fake server whose rollouts run until cancelled; ``control`` is interrupted once
+    ``in_flight`` of them run."""
+
+    async def behave(request: dict[str, Any], cancelled: asyncio.Event) -> RolloutResultResponse:
+        if server.in_flight == in_flight:
+            control.request_stop("interrupted", interrupted=True)
+        return await fakes.until_cancelled(request, cancelled)
+
+    server = fakes.FakeServer(behave)
+    return server
+
+
 class TestStop:
     async def test_stop_cancels_in_flight_rollouts_and_leaves_them_pending(
         self, fakes: Any, dataset: Path, tmp_path: Path
     ) -> None:
         """A stop request cancels every in-flight rollout on the server and records none."""
         control = RunControl()
-
-        async def behave(
-            request: dict[str, Any], cancelled: asyncio.Event
-        ) -> RolloutResultResponse:
-            if server.in_flight == 2:
-                control.request_stop("interrupted", interrupted=True)
-            return await fakes.until_cancelled(request, cancelled)
-
-        server = fakes.FakeServer(behave)
+        server = interrupted_at(fakes, control, in_flight=2)
         report = await run_eval(
             options(dataset, tmp_path, concurrency=2),
             stream=io.StringIO(),
@@ -347,15 +352,7 @@ class TestStop:
     ) -> None:
         """Cancels that fail (a server gone) are reported once, with their count."""
         control = RunControl()
-
-        async def behave(
-            request: dict[str, Any], cancelled: asyncio.Event
-        ) -> RolloutResultResponse:
-            if server.in_flight == 3:
-                control.request_stop("interrupted", interrupted=True)
-            return await fakes.until_cancelled(request, cancelled)
-
-        server = fakes.FakeServer(behave)
+        server = interrupted_at(fakes, control, in_flight=3)
         server.cancel_error = ConnectionRefusedError(111, "Connection refused")
         stream = io.StringIO()
         await run_eval(
