@@ -347,6 +347,45 @@ class TestStop:
         assert read_journal(report.run_dir / "events.jsonl") == []
         assert report.summary["items"]["pending"] == 5
 
+    async def test_a_stop_during_a_drain_cancels_what_is_collected(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Ctrl-C while a drain collects the rollouts in flight cancels them on the server;
+        they stay pending and the run ends as interrupted."""
+        from rollout_client import RolloutProtocolError
+
+        control = RunControl()
+
+        def admit(_request: dict[str, Any]) -> None:
+            if server.requests:  # the second admission: the server is shutting down
+                raise RolloutProtocolError(
+                    "POST /rollout returned 503; only 202 and 429 are accepted: rollout "
+                    "server is shutting down",
+                    status_code=503,
+                )
+
+        async def behave(
+            request: dict[str, Any], cancelled: asyncio.Event
+        ) -> RolloutResultResponse:
+            await control.stop.wait()  # the drain began
+            assert control.draining
+            control.request_stop("interrupted by SIGINT", interrupted=True)
+            return await fakes.until_cancelled(request, cancelled)
+
+        server = fakes.FakeServer(behave, admit=admit)
+        report = await run_eval(
+            options(dataset, tmp_path, concurrency=2),
+            stream=io.StringIO(),
+            control=control,
+            client_factory=server.factory,
+        )
+        assert report.exit_code == 130
+        assert server.cancel_requests == [server.requests[0]["rollout_id"]]
+        assert read_journal(report.run_dir / "events.jsonl") == []
+        assert report.closing_line == (
+            "rollout-eval: interrupted; 5 items pending. Re-run the same command to resume."
+        )
+
     async def test_failed_cancels_make_one_message(
         self, fakes: Any, dataset: Path, tmp_path: Path
     ) -> None:
