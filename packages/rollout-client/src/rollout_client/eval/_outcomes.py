@@ -20,8 +20,16 @@ item deadline overrun, anything else raised                ``transport_error``,
                                                            ``client_error``
 ``cancelled``                                              not recorded: the item stays
                                                            pending
+``503`` "rollout server is shutting down" on admission     not recorded: the item stays
+                                                           pending; no new rollouts start,
+                                                           the in-flight ones are collected
+                                                           (:func:`server_draining_reason`)
 another protocol version, the key refused (401)            not recorded: the run stops
 =========================================================  ===============================
+
+``success``, ``failed`` and ``skipped`` are final: the item is done and is not run again on
+resume. ``infra_failure`` is an attempt: the item stays pending, is run again on resume
+with a fresh rollout id, and counts towards ``--max-consecutive-infra-failures``.
 
 A success *passes* when its reward is at least the run's pass threshold (:func:`passes`).
 """
@@ -48,7 +56,12 @@ __all__ = [
     "deadline_exceeded",
     "passes",
     "run_stopping_reason",
+    "server_draining_reason",
 ]
+
+SHUTTING_DOWN_DETAIL: Final = "rollout server is shutting down"
+"""The ``detail`` of the ``503`` a rollout server (ours, osmosis-ai >= 0.3.5) answers to
+``POST /rollout`` once its shutdown has begun (wire-protocol section 4.2)."""
 
 _SCORED_FAILURE_CATEGORIES: Final = frozenset(
     {
@@ -124,6 +137,29 @@ def run_stopping_reason(exc: Exception, *, phase: str) -> str | None:
             f"the rollout server refused the API key (401) during {phase}; pass the right key "
             "with --server-api-key-env"
         )
+    return None
+
+
+def server_draining_reason(exc: Exception, *, phase: str) -> str | None:
+    """Why the run stops admitting but keeps collecting, or None when ``exc`` is no such sign.
+
+    The sign is a ``503`` answer to ``POST /rollout`` whose ``detail`` is
+    :data:`SHUTTING_DOWN_DETAIL` (the client puts the detail in the message of the
+    :class:`~rollout_client.RolloutProtocolError`): the server admits nothing more but
+    still serves the results of the rollouts it is draining. A ``503`` from a gateway
+    (another body) is an ordinary infrastructure failure.
+
+    Args:
+        exc: What admitting or awaiting one rollout raised.
+        phase: ``admission`` or ``result``.
+    """
+    if (
+        phase == "admission"
+        and isinstance(exc, RolloutProtocolError)
+        and exc.status_code == 503
+        and str(exc).endswith(f": {SHUTTING_DOWN_DETAIL}")
+    ):
+        return "the rollout server is shutting down (it answered 503 to a new rollout)"
     return None
 
 
