@@ -25,6 +25,8 @@ from aiohttp import web
 from rollout_client.eval import EvalOptions, read_journal, run_eval
 from rollout_client.eval._cli import main as eval_main
 
+from .conftest import Watched
+
 ROOT = Path(__file__).resolve().parents[2]
 DATASET = ROOT / "examples" / "datasets" / "arithmetic.jsonl"
 
@@ -483,20 +485,6 @@ def gated_chat(gates: list[asyncio.Event], both: asyncio.Event) -> web.Applicati
     app = web.Application()
     app.router.add_post("/v1/chat/completions", completions)
     return app
-
-
-class Watched(io.StringIO):
-    """A stream that sets ``seen`` once a write contains ``marker``."""
-
-    def __init__(self, marker: str) -> None:
-        super().__init__()
-        self.marker = marker
-        self.seen = asyncio.Event()
-
-    def write(self, text: str) -> int:
-        if self.marker in text:
-            self.seen.set()
-        return super().write(text)
 
 
 class TestServerShutdown:

@@ -99,11 +99,13 @@ async def _pool_usage() -> None:
             timeout_sec=120, process_ids={"http://10.0.0.1:8000": "p"}
         )
         urls: tuple[str, ...] = pool.urls
-        reasons: dict[str, str] = RolloutServersUnavailableError(
-            "x", rollout_id="r1", reasons={}
-        ).reasons
+        unavailable = RolloutServersUnavailableError(
+            "x", rollout_id="r1", reasons={}, shutting_down=frozenset({"http://10.0.0.1:8000"})
+        )
+        reasons: dict[str, str] = unavailable.reasons
+        shutting_down: frozenset[str] = unavailable.shutting_down
         lookup: LookupError = RolloutNotFoundError("x")
-        del final, cancelled, available, process_id, idle, urls, reasons, lookup
+        del final, cancelled, available, process_id, idle, urls, reasons, shutting_down, lookup
 
 
 # -- rollout_client.eval: the rollout-eval job as a library ---------------------------------

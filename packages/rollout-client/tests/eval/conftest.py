@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
@@ -162,6 +163,21 @@ def dataset(tmp_path: Path) -> Path:
 
 
 # -- a scripted rollout server on 127.0.0.1, for the real RolloutClient --------------------
+
+
+class Watched(io.StringIO):
+    """A progress stream that sets ``seen`` once a write contains ``marker``."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker = marker
+        self.seen = asyncio.Event()
+
+    def write(self, text: str) -> int:
+        if self.marker in text:
+            self.seen.set()
+        return super().write(text)
+
 
 Admit = Callable[[str], "web.StreamResponse | None"]
 """What the scripted server answers to ``POST /rollout`` for a label: None admits (202)."""

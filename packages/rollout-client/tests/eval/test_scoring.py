@@ -4,6 +4,7 @@ runs again, the consecutive-failure stop, and a server that is shutting down."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 from collections.abc import Awaitable, Callable
@@ -16,9 +17,12 @@ from aiohttp import web
 from rollout_client.eval import EvalOptions, EvalReport, read_journal, run_eval
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
-from .conftest import RolloutScript, result_fields, write_dataset
+from .conftest import RolloutScript, Watched, result_fields, write_dataset
 
 Start = Callable[..., Awaitable[RolloutScript]]
+
+RUN_SEC = 60.0
+"""Bound on a run that would otherwise wait forever (never reached when all is well)."""
 
 
 def options(dataset: Path, url: str, **overrides: Any) -> EvalOptions:
@@ -248,3 +252,106 @@ class TestServerShuttingDown:
         assert report.stop_reason is None
         (record, *_) = read_journal(report.run_dir / "events.jsonl")
         assert (record.outcome, record.err_category) == ("infra_failure", "protocol_error")
+
+
+def gateway_503(_label: str) -> web.StreamResponse:
+    return web.Response(status=503, text="<html>Service Unavailable</html>")
+
+
+def shutting_down_503(_label: str) -> web.StreamResponse:
+    return web.json_response({"detail": "rollout server is shutting down"}, status=503)
+
+
+def refusing_after_one(
+    script: RolloutScript, refusal: Callable[[str], web.StreamResponse]
+) -> Callable[[str], web.StreamResponse | None]:
+    """An admit script: the first rollout is admitted, every later one refused."""
+    return lambda label: refusal(label) if script.admitted else None
+
+
+class TestServersShuttingDown:
+    """Several --server: the pool takes each server answering 503 out of rotation and
+    raises once none is left; the run drains when one of them is shutting down."""
+
+    @pytest.mark.parametrize(
+        ("second_refusal", "why"),
+        [
+            (
+                shutting_down_503,
+                "every rollout server is shutting down (none admits a new rollout)",
+            ),
+            (
+                gateway_503,
+                "no rollout server admits new rollouts (1 shutting down; {second}: POST "
+                "/rollout answered 503 (gateway))",
+            ),
+        ],
+        ids=["both-shutting-down", "one-shutting-down-one-gateway"],
+    )
+    async def test_no_server_admitting_drains_the_run(
+        self,
+        rollout_script: Start,
+        tmp_path: Path,
+        second_refusal: Callable[[str], web.StreamResponse],
+        why: str,
+    ) -> None:
+        """Each server admits one rollout and then refuses (503 "shutting down"; the second
+        one a gateway's 503 in one case): no rollout starts after that, none is cancelled,
+        both in flight are collected and recorded, and the rest stays pending."""
+        stream = Watched("starting no new rollouts")
+
+        def pass_once_drained(_label: str) -> dict[str, Any] | None:
+            return result_fields("pass") if stream.seen.is_set() else None
+
+        first = await rollout_script(outcome=pass_once_drained)
+        second = await rollout_script(outcome=pass_once_drained)
+        first.admit = refusing_after_one(first, shutting_down_503)
+        second.admit = refusing_after_one(second, second_refusal)
+        dataset = labelled(tmp_path / "d.jsonl", [str(i) for i in range(6)])
+        async with asyncio.timeout(RUN_SEC):  # without a drain the two never finish
+            report = await run_eval(
+                options(
+                    dataset,
+                    first.url,
+                    extra_server_urls=(second.url,),
+                    concurrency=3,
+                    max_consecutive_infra_failures=5,
+                ),
+                stream=stream,
+            )
+        # Row 0 went to the first server, row 1 to the second; both refused row 2.
+        assert (first.posted, second.posted) == (["0", "2"], ["1", "2"])
+        assert first.cancelled == second.cancelled == []
+        records = read_journal(report.run_dir / "events.jsonl")
+        assert sorted((r.row_index, r.outcome) for r in records) == [
+            (0, "success"),
+            (1, "success"),
+        ]
+        assert report.summary["items"]["pending"] == 4
+        assert report.exit_code == 1
+        assert report.closing_line == (
+            f"rollout-eval: {why.format(second=second.url)}; 4 items pending. Re-run the "
+            "same command to resume."
+        )
+
+    async def test_no_server_shutting_down_is_an_infrastructure_failure(
+        self, rollout_script: Start, tmp_path: Path
+    ) -> None:
+        """When every server answers a gateway's 503 the run does not drain: each item is
+        recorded as an infrastructure failure and run again on resume."""
+        first = await rollout_script(admit=gateway_503)
+        second = await rollout_script(admit=gateway_503)
+        dataset = labelled(tmp_path / "d.jsonl", ["0", "1"])
+        report = await run_eval(
+            options(dataset, first.url, extra_server_urls=(second.url,), concurrency=1),
+            stream=io.StringIO(),
+        )
+        assert report.stop_reason is None
+        records = read_journal(report.run_dir / "events.jsonl")
+        assert [(r.outcome, r.err_category) for r in records] == [
+            ("infra_failure", "transport_error"),
+            ("infra_failure", "transport_error"),
+        ]
+        assert records[0].err_message is not None
+        assert "RolloutServersUnavailableError" in records[0].err_message
+        assert report.summary["items"]["pending"] == 2

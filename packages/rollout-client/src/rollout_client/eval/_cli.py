@@ -29,7 +29,8 @@ A run that ends with items pending ends with the line ``rollout-eval: <why>; N i
 pending. Re-run the same command to resume.``: after Ctrl-C, after the stop rule
 (``--max-consecutive-infra-failures`` in a row, e.g. a server that crashed), after a server
 that is shutting down (it answers 503 to new rollouts: none start, the ones in flight are
-collected), or when some items ended in infrastructure failures.
+collected; with several ``--server``, once none admits and one of them is shutting down),
+or when some items ended in infrastructure failures.
 
 Exit status: 0 when every item is done; 1 when items stay pending (the run stopped early
 after infrastructure failures or a server shutting down, or the server could not be used);

@@ -21,8 +21,8 @@ item deadline overrun, anything else raised                ``transport_error``,
 ``cancelled``                                              not recorded: the item stays
                                                            pending
 ``503`` "rollout server is shutting down" on admission     not recorded: the item stays
-                                                           pending; no new rollouts start,
-                                                           the in-flight ones are collected
+(several servers: none admits, and at least one of them    pending; no new rollouts start,
+is shutting down)                                          the in-flight ones are collected
                                                            (:func:`server_draining_reason`)
 another protocol version, the key refused (401)            not recorded: the run stops
 =========================================================  ===============================
@@ -43,10 +43,12 @@ import aiohttp
 
 from rollout_types import RolloutErrorCategory, RolloutResultResponse, RolloutStatus
 
+from .._admission import SHUTTING_DOWN_DETAIL
 from .._errors import (
     RolloutAdmissionTimeoutError,
     RolloutProtocolError,
     RolloutProtocolVersionError,
+    RolloutServersUnavailableError,
 )
 
 __all__ = [
@@ -58,10 +60,6 @@ __all__ = [
     "run_stopping_reason",
     "server_draining_reason",
 ]
-
-SHUTTING_DOWN_DETAIL: Final = "rollout server is shutting down"
-"""The ``detail`` of the ``503`` a rollout server (ours, osmosis-ai >= 0.3.5) answers to
-``POST /rollout`` once its shutdown has begun (wire-protocol section 4.2)."""
 
 _SCORED_FAILURE_CATEGORIES: Final = frozenset(
     {
@@ -144,18 +142,37 @@ def server_draining_reason(exc: Exception, *, phase: str) -> str | None:
     """Why the run stops admitting but keeps collecting, or None when ``exc`` is no such sign.
 
     The sign is a ``503`` answer to ``POST /rollout`` whose ``detail`` is
-    :data:`SHUTTING_DOWN_DETAIL` (the client puts the detail in the message of the
-    :class:`~rollout_client.RolloutProtocolError`): the server admits nothing more but
-    still serves the results of the rollouts it is draining. A ``503`` from a gateway
-    (another body) is an ordinary infrastructure failure.
+    :data:`~rollout_client._admission.SHUTTING_DOWN_DETAIL` (the client puts the detail in
+    the message of the :class:`~rollout_client.RolloutProtocolError`): the server admits
+    nothing more but still serves the results of the rollouts it is draining. A ``503``
+    from a gateway (another body) is an ordinary infrastructure failure.
+
+    With several servers the pool handles each ``503`` itself (that server leaves the
+    rotation) and raises :class:`~rollout_client.RolloutServersUnavailableError` once no
+    server can take a rollout. That drains the run when at least one of them is shutting
+    down: the others failed too (this admission, or the probe the pool made before it
+    raised), so no rollout could start, and the ones in flight on the servers shutting down
+    still finish. When none is shutting down it is an ordinary infrastructure failure.
 
     Args:
         exc: What admitting or awaiting one rollout raised.
         phase: ``admission`` or ``result``.
     """
+    if phase != "admission":
+        return None
+    if isinstance(exc, RolloutServersUnavailableError) and exc.shutting_down:
+        others = [
+            f"{url}: {why}" for url, why in exc.reasons.items() if url not in exc.shutting_down
+        ]
+        if not others:
+            return "every rollout server is shutting down (none admits a new rollout)"
+        return (
+            f"no rollout server admits new rollouts ({len(exc.shutting_down)} shutting down; "
+            + "; ".join(others)
+            + ")"
+        )
     if (
-        phase == "admission"
-        and isinstance(exc, RolloutProtocolError)
+        isinstance(exc, RolloutProtocolError)
         and exc.status_code == 503
         and str(exc).endswith(f": {SHUTTING_DOWN_DETAIL}")
     ):

@@ -6,8 +6,9 @@ The stop rule: after ``max_consecutive_infra_failures`` infrastructure failures 
 :class:`RunControl` to stop, and the scheduler then starts no new rollouts and cancels the
 in-flight ones, which stay pending. An error no rollout can survive (another protocol
 version, the key refused) stops the run at once. A server that is shutting down (``503`` on
-admission) makes the recorder ask for a drain instead: no new rollouts, the in-flight ones
-are collected and recorded.
+admission; with several servers, none admits and one of them is shutting down) makes the
+recorder ask for a drain instead: no new rollouts, the in-flight ones are collected and
+recorded.
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ After ``max_consecutive_infra_failures`` infrastructure failures in a row the ru
 early: no new rollouts start, the in-flight ones are cancelled on the server and stay
 pending, and the report says why. An interruption (:meth:`RunControl.request_stop`, called
 by the first Ctrl-C of the CLI) does the same. A server that is shutting down (``503`` on
-admission) drains the run: no new rollouts start, the in-flight ones are collected, the
-rest stays pending. A run that ends with pending items says so in
-:attr:`EvalReport.closing_line` and exits 1 (130 when interrupted).
+admission; with several servers, none admits and one of them is shutting down) drains the
+run: no new rollouts start, the in-flight ones are collected, the rest stays pending. A
+run that ends with pending items says so in :attr:`EvalReport.closing_line` and exits 1
+(130 when interrupted).
 """
 
 from __future__ import annotations
