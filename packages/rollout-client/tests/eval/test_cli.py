@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
 import json
+import logging
 import os
 import re
 import sys
@@ -320,3 +322,73 @@ class TestTerminal:
         bars = [part for part in re.split(r"\r\x1b\[2K|\n", err) if "/1  pass " in part]
         assert bars
         assert max(len(bar) for bar in bars) <= 59
+
+    async def test_the_pools_lines_go_around_the_bar_too(
+        self, rollout_script: Callable[..., Awaitable[RolloutScript]], tmp_path: Path
+    ) -> None:
+        """With two --server, the pool's warning that a server left the rotation (it
+        answered 503 "shutting down") is a prefixed line that clears and redraws the bar;
+        the other server runs the item."""
+        leaving = await rollout_script(
+            admit=lambda _label: web.json_response(
+                {"detail": "rollout server is shutting down"}, status=503
+            )
+        )
+        staying = await rollout_script(outcome=lambda _label: result_fields("pass"))
+        code, err = await run_process(
+            rows(tmp_path / "d.jsonl", 1),
+            leaving,
+            "--server",
+            staying.url,
+            "--progress",
+            "bar",
+            env={"COLUMNS": "60"},
+        )
+        assert code == 0, err
+        assert (leaving.posted, staying.posted) == (["0"], ["0"])
+        line = (
+            f"\r\x1b[2Krollout-eval: WARNING rollout_client: Rollout server {leaving.url} is "
+            "out of rotation: POST /rollout answered 503 (shutting down)\n0/1  pass -  "
+        )
+        assert line in err, err
+
+
+class TestLogRouting:
+    async def test_a_record_during_the_report_is_a_rollout_eval_line(
+        self,
+        fakes: Any,
+        dataset: Path,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A warning logged while `rollout-eval report` writes the report (logging not
+        configured) is written to stderr as a rollout-eval line, not Python's bare one."""
+        from rollout_client.eval import EvalOptions, run_eval
+        from rollout_client.eval import _cli as cli
+
+        async def succeed(request: dict[str, Any], _cancelled: asyncio.Event) -> Any:
+            return fakes.success(request["rollout_id"], 1.0)
+
+        options = EvalOptions(
+            dataset=dataset,
+            server_url="http://127.0.0.1:9",
+            chat_url="http://127.0.0.1:9/v1",
+            output=tmp_path / "out",
+            progress="off",
+        )
+        server = fakes.FakeServer(succeed)
+        report = await run_eval(options, stream=io.StringIO(), client_factory=server.factory)
+        write_report = cli.write_report
+
+        def logging_write_report(run_dir: Path) -> Path:
+            logging.getLogger("rollout_client.eval").warning("the report is large")
+            return write_report(run_dir)
+
+        monkeypatch.setattr(cli, "write_report", logging_write_report)
+        monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as in a fresh process
+        assert main(["report", str(report.run_dir)]) == 0
+        captured = capsys.readouterr()
+        assert captured.err == "rollout-eval: WARNING rollout_client.eval: the report is large\n"
+        assert captured.out == f"{report.run_dir / 'report.html'}\n"
+        assert logging.getLogger().handlers == []

@@ -165,3 +165,17 @@ class TestLogLines:
         with routed_logging(io.StringIO()) as handler:
             assert root.handlers == [handler]
         assert root.handlers == []
+
+    def test_an_inner_block_shares_the_outer_handler(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Inside a routing block (the CLI's) another one (run_eval's) yields the same handler;
+        the progress the inner block gives it is undone when that block ends."""
+        root = logging.getLogger()
+        monkeypatch.setattr(root, "handlers", [])
+        with routed_logging(io.StringIO()) as outer:
+            assert outer is not None
+            with routed_logging(io.StringIO()) as inner:
+                assert inner is outer
+                inner.progress = Progress(total=1, stream=io.StringIO(), mode="off")
+            assert outer.progress is None
+            assert root.handlers == [outer]
+        assert root.handlers == []

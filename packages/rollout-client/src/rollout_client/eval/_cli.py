@@ -59,7 +59,7 @@ from ._errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EvalError, EvalInputErro
 from ._failures import format_failures
 from ._journal import latest_by_item, read_journal
 from ._options import DEFAULT_MAX_CONSECUTIVE_INFRA_FAILURES, DEFAULT_OUTPUT_DIR, EvalOptions
-from ._progress import PROGRESS_MODES
+from ._progress import PROGRESS_MODES, routed_logging
 from ._report import find_run_dir, write_report
 from ._runner import run_eval
 from ._summary import format_summary
@@ -377,6 +377,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         command: argparse.ArgumentParser = args.command_parser
         command.error(f"unrecognized arguments: {' '.join(unknown)}")
     err, out = sys.stderr, sys.stdout
+    with routed_logging(err):  # log records of every step as rollout-eval lines
+        return _dispatch(args, err, out)
+
+
+def _dispatch(args: argparse.Namespace, err: TextIO, out: TextIO) -> int:
+    """Run the parsed command; return the exit status."""
     try:
         if args.command == "show":
             return _show(args.run, args.output, out)

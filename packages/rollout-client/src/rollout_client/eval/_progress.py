@@ -11,8 +11,8 @@ failure counts, the ETA and the pass rate go, in that order.
 
 Every other line written while the bar is shown goes through :meth:`Progress.message`,
 which clears the bar and redraws it below the line; :class:`ProgressLogHandler` sends log
-records (the client's retry warnings) the same way, as ``rollout-eval: LEVEL logger:
-message``.
+records (the client's retry warnings, the pool's servers leaving or rejoining the
+rotation) the same way, as ``rollout-eval: LEVEL logger: message``.
 """
 
 from __future__ import annotations
@@ -276,8 +276,23 @@ class ProgressLogHandler(logging.Handler):
 def routed_logging(stream: TextIO) -> Iterator[ProgressLogHandler | None]:
     """While the block runs, route the log records of a process that has not configured
     logging (no handler on the root logger) through a :class:`ProgressLogHandler` on
-    ``stream``; yields it, or None when logging is configured (it is then left alone)."""
+    ``stream``; yields it, or None when logging is configured (it is then left alone).
+
+    Every logger's records reach it (the client's and the pool's ``rollout_client``, and
+    any library's), WARNING and worse. Inside a block that routes already (the CLI routes
+    around a whole command: probes, the run, the report) the outer handler is shared and
+    yielded; the :attr:`~ProgressLogHandler.progress` the inner block sets is undone when
+    it ends.
+    """
     root = logging.getLogger()
+    for handler in root.handlers:
+        if isinstance(handler, ProgressLogHandler):
+            progress = handler.progress
+            try:
+                yield handler
+            finally:
+                handler.progress = progress
+            return
     if root.handlers:
         yield None
         return
