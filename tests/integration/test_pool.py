@@ -120,6 +120,24 @@ class TestThreeServersInProcess:
             )
 
 
+def eight_rows_over(servers: list[RunningServer], tmp_path: Path) -> EvalOptions:
+    """A run of eight rows over two servers, four at a time."""
+    dataset = tmp_path / "rows.jsonl"
+    dataset.write_text(
+        "".join(json.dumps({"user_prompt": f"{i} + 0?", "label": str(i)}) + "\n" for i in range(8)),
+        encoding="utf-8",
+    )
+    return EvalOptions(
+        dataset=dataset,
+        server_url=servers[0].url,
+        extra_server_urls=(servers[1].url,),
+        chat_url=CHAT,
+        output=tmp_path / "out",
+        concurrency=4,
+        progress="off",
+    )
+
+
 class TestEvalOverTwoServers:
     async def test_rollout_eval_spreads_a_dataset_over_both_servers(
         self, serve_rollout: Any, tmp_path: Path
@@ -130,25 +148,7 @@ class TestEvalOverTwoServers:
         for backend in backends:
             backend.release.set()
             servers.append(await serve_rollout(backend))
-        dataset = tmp_path / "rows.jsonl"
-        dataset.write_text(
-            "".join(
-                json.dumps({"user_prompt": f"{i} + 0?", "label": str(i)}) + "\n" for i in range(8)
-            ),
-            encoding="utf-8",
-        )
-        report = await run_eval(
-            EvalOptions(
-                dataset=dataset,
-                server_url=servers[0].url,
-                extra_server_urls=(servers[1].url,),
-                chat_url=CHAT,
-                output=tmp_path / "out",
-                concurrency=4,
-                progress="off",
-            ),
-            stream=io.StringIO(),
-        )
+        report = await run_eval(eight_rows_over(servers, tmp_path), stream=io.StringIO())
         assert report.exit_code == 0
         assert report.summary["by_outcome"]["success"] == 8
         executed = [len(backend.executed) for backend in backends]
@@ -163,28 +163,8 @@ class TestEvalOverTwoServers:
         the four in flight, and ends with the rest pending, the closing line and exit 1."""
         backends = [HeldBackend(), HeldBackend()]
         servers = [await serve_rollout(backend) for backend in backends]
-        dataset = tmp_path / "rows.jsonl"
-        dataset.write_text(
-            "".join(
-                json.dumps({"user_prompt": f"{i} + 0?", "label": str(i)}) + "\n" for i in range(8)
-            ),
-            encoding="utf-8",
-        )
         stream = Watched("starting no new rollouts")
-        run = asyncio.ensure_future(
-            run_eval(
-                EvalOptions(
-                    dataset=dataset,
-                    server_url=servers[0].url,
-                    extra_server_urls=(servers[1].url,),
-                    chat_url=CHAT,
-                    output=tmp_path / "out",
-                    concurrency=4,
-                    progress="off",
-                ),
-                stream=stream,
-            )
-        )
+        run = asyncio.ensure_future(run_eval(eight_rows_over(servers, tmp_path), stream=stream))
         try:
             async with asyncio.timeout(EVENT_SEC):
                 for backend in backends:  # two rollouts held on each server
