@@ -17,9 +17,11 @@ Settings (the workflow config's extra keys):
 * ``max_retries``: retries of a model call after 429, 5xx or a dropped connection
   (default 2; the delay honours ``Retry-After``, at most 5 s).
 
-Failures are clear exceptions: :class:`ChatEndpointError` for an HTTP error or an answer
-that is not a chat completion, ``RuntimeError`` when the turn limit is reached, and
-``TimeoutError`` when a model call exceeds its bound.
+Failures are clear exceptions: :class:`ChatEndpointError` (a
+:class:`~rollout_server.ModelEndpointError`, so the server tells an unreachable or failing
+endpoint, ``http_error``, from the agent's own failures) for an endpoint that cannot be
+reached, an HTTP error or an answer that is not a chat completion, ``RuntimeError`` when the
+turn limit is reached, and ``TimeoutError`` when a model call exceeds its bound.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import aiohttp
 from rollout_server import (
     AgentWorkflow,
     AgentWorkflowOutput,
+    ModelEndpointError,
     WorkflowContext,
     get_rollout_context,
 )
@@ -58,12 +61,14 @@ MAX_RETRY_DELAY_SEC: Final = 5.0
 _RETRY_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
 
 
-class ChatEndpointError(RuntimeError):
-    """The chat-completions endpoint answered with an error or with something unusable."""
+class ChatEndpointError(ModelEndpointError):
+    """The chat-completions endpoint failed, answered with an error or with something unusable.
 
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
-        super().__init__(message)
-        self.status_code = status_code
+    A :class:`~rollout_server.ModelEndpointError`: the server reports it as ``http_error`` (an
+    infrastructure failure, not scored) when there is no ``status_code`` (unreachable, no
+    usable answer) or the status is 401, 402, 403, 404, 408, 429 or 5xx, and as
+    ``agent_error`` for other statuses (the endpoint refused the request the agent built).
+    """
 
 
 def _error_detail(text: str) -> str:
@@ -232,14 +237,18 @@ class CalculatorAgent(AgentWorkflow):
         )
 
     async def _first_model(self, session: aiohttp.ClientSession, base: str) -> str:
-        async with session.get(f"{base}/models") as response:
-            text = await response.text()
-            if response.status != 200:
-                raise ChatEndpointError(
-                    f"GET {base}/models returned {response.status}: {_error_detail(text)}; set the "
-                    "workflow setting 'model' to skip this lookup",
-                    status_code=response.status,
-                )
+        try:
+            async with session.get(f"{base}/models") as response:
+                text = await response.text()
+                status = response.status
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise ChatEndpointError(f"GET {base}/models failed: {exc!r}") from exc
+        if status != 200:
+            raise ChatEndpointError(
+                f"GET {base}/models returned {status}: {_error_detail(text)}; set the "
+                "workflow setting 'model' to skip this lookup",
+                status_code=status,
+            )
         try:
             return str(json.loads(text)["data"][0]["id"])
         except (ValueError, KeyError, IndexError, TypeError):

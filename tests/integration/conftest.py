@@ -9,6 +9,8 @@ event loop and returns a :class:`RunningServer` (its base ``url``, the ``app`` a
 
 from __future__ import annotations
 
+import asyncio
+import io
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
@@ -31,6 +33,20 @@ FAST_TIMINGS: Final[dict[str, float]] = {
 
 EVENT_SEC: Final = 20.0
 """Upper bound on waiting for something a test expects (never reached when all is well)."""
+
+
+class Watched(io.StringIO):
+    """A stream that sets ``seen`` once a write contains ``marker``."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker = marker
+        self.seen = asyncio.Event()
+
+    def write(self, text: str) -> int:
+        if self.marker in text:
+            self.seen.set()
+        return super().write(text)
 
 
 @attrs.define(kw_only=True)

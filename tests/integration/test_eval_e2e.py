@@ -18,11 +18,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from rollout_client.eval import EvalOptions, read_journal, run_eval
 from rollout_client.eval._cli import main as eval_main
+
+from .conftest import Watched
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASET = ROOT / "examples" / "datasets" / "arithmetic.jsonl"
@@ -459,3 +462,108 @@ class TestInterrupts:
         assert process.returncode == 130
         assert b"interrupted twice: exited at once" in err
         assert cancelled
+
+
+def gated_chat(gates: list[asyncio.Event], both: asyncio.Event) -> web.Application:
+    """A chat endpoint that answers "The answer is 2.": the first two requests once their
+    gate (``gates[0]``, ``gates[1]``) is set, later ones at once; ``both`` is set when the
+    first two wait."""
+    arrived = 0
+
+    async def completions(_request: web.Request) -> web.Response:
+        nonlocal arrived
+        arrived += 1
+        if arrived <= len(gates):
+            if arrived == len(gates):
+                both.set()
+            await gates[arrived - 1].wait()
+        message = {"role": "assistant", "content": "The answer is 2."}
+        return web.json_response(
+            {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    return app
+
+
+class TestServerShutdown:
+    async def test_sigterm_to_the_server_drains_the_run(
+        self, aiohttp_server: Any, tmp_path: Path
+    ) -> None:
+        """SIGTERM to the rollout server while two rollouts run: when one finishes the next
+        admission gets 503, rollout-eval starts no new rollout, still collects and records
+        the one in flight (the server finishes it), ends with the closing line and exit 1,
+        and the server exits 0."""
+        demo = load_demo()
+        gates, both = [asyncio.Event(), asyncio.Event()], asyncio.Event()
+        chat = await aiohttp_server(gated_chat(gates, both), host="127.0.0.1")
+        server = demo.ManagedProcess(
+            "rollout-server",
+            [
+                *demo._script("rollout-server"),
+                "serve",
+                demo.BACKEND_TARGET,
+                "--app-dir",
+                str(demo.EXAMPLES),
+                "--port",
+                "0",
+                "--port-file",
+                str(tmp_path / "server.port"),
+                "--drain-timeout-sec",
+                "60",
+                "--log-level",
+                "WARNING",
+            ],
+            log_path=tmp_path / "server.log",
+            env={
+                **os.environ,
+                "ROLLOUT_ARTIFACT_ROOT": str(tmp_path / "artifacts"),
+                "EXAMPLE_AGENT_MODEL": "m",
+            },
+        )
+        loop = asyncio.get_running_loop()
+        stream = Watched("the rollout server is shutting down")
+        try:
+            port = await loop.run_in_executor(
+                None, lambda: server.wait_for_port(port_file=tmp_path / "server.port")
+            )
+            server_url = f"http://127.0.0.1:{port}"
+            run = asyncio.ensure_future(
+                run_eval(
+                    EvalOptions(
+                        dataset=labelled(tmp_path / "d.jsonl", ["2"] * 6),
+                        server_url=server_url,
+                        chat_url=str(chat.make_url("/v1")),
+                        output=tmp_path / "out",
+                        concurrency=2,
+                        progress="off",
+                    ),
+                    stream=stream,
+                )
+            )
+            async with asyncio.timeout(60):
+                await both.wait()  # two rollouts in flight, held by the chat endpoint
+                server.terminate()
+                async with aiohttp.ClientSession() as session:
+                    while True:
+                        async with session.get(f"{server_url}/health") as response:
+                            health = await response.json()
+                        if not health["lifecycle"]["accepting_rollouts"]:
+                            break
+                gates[1].set()  # one finishes; its worker's next admission gets 503
+                await stream.seen.wait()
+                gates[0].set()  # the other, still in flight, finishes during the drain
+                report = await run
+        finally:
+            stopped = await loop.run_in_executor(None, server.stop)
+        assert stopped == (0, False), server.log_tail()
+        records = read_journal(report.run_dir / "events.jsonl")
+        assert [(r.outcome, r.reward) for r in records] == [("success", 1.0), ("success", 1.0)]
+        assert report.exit_code == 1
+        assert report.summary["items"]["pending"] == 4
+        assert report.closing_line == (
+            "rollout-eval: the rollout server is shutting down (it answered 503 to a new "
+            "rollout); 4 items pending. Re-run the same command to resume."
+        )
+        assert "cancelling" not in stream.getvalue()

@@ -4,7 +4,9 @@ real rollout server and client."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from rollout_client import RolloutClient
+from rollout_client.eval import EvalOptions, run_eval
 from rollout_server import AgentWorkflowConfig, GraderContext, LocalBackend, Sample
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,12 +112,13 @@ class TestAnswerGrader:
             await AnswerGrader().grade(GraderContext(rollout_id="r", label=None, sample=Sample()))
 
 
-def misbehaving_chat(kind: str) -> web.Application:
-    """A chat endpoint that always calls a tool (``loop``) or always fails (``error``)."""
+def misbehaving_chat(kind: str, status: int = 500) -> web.Application:
+    """A chat endpoint that always calls a tool (``loop``) or always fails (``error``) with
+    ``status``."""
 
     async def completions(_request: web.Request) -> web.Response:
         if kind == "error":
-            return web.json_response({"error": {"message": "model crashed"}}, status=500)
+            return web.json_response({"error": {"message": "model crashed"}}, status=status)
         call = {
             "id": "call_1",
             "type": "function",
@@ -164,13 +168,86 @@ class TestCalculatorAgent:
         assert result.err_category == "agent_error"
         assert "no final answer after 2 model calls" in result.err_message
 
+    @pytest.mark.parametrize(
+        ("status", "category"),
+        [(500, "http_error"), (429, "http_error"), (401, "http_error"), (400, "agent_error")],
+    )
     async def test_chat_errors_fail_the_rollout_with_the_status(
-        self, aiohttp_server: Any, serve_rollout: Any, tmp_path: Path
+        self, aiohttp_server: Any, serve_rollout: Any, tmp_path: Path, status: int, category: str
     ) -> None:
-        """A chat endpoint that keeps answering 500 fails the rollout, naming status and detail."""
-        chat = await aiohttp_server(misbehaving_chat("error"), host="127.0.0.1")
+        """A chat endpoint that keeps answering an error fails the rollout, naming status and
+        detail: an infrastructure failure (http_error) for 5xx, 429 and a refused key, the
+        agent's failure for a request the endpoint refused (400)."""
+        chat = await aiohttp_server(misbehaving_chat("error", status), host="127.0.0.1")
         server = await serve_rollout(backend(tmp_path, max_retries=0))
         result = await run_one(server.url, str(chat.make_url("/v1")), "q", "2")
         assert result.status == "failure"
-        assert result.err_category == "agent_error"
-        assert "returned 500: model crashed" in result.err_message
+        assert result.err_category == category
+        assert f"returned {status}: model crashed" in result.err_message
+
+    @pytest.mark.parametrize("model", [None, "m"])
+    async def test_unreachable_chat_endpoint_is_an_http_error(
+        self, serve_rollout: Any, tmp_path: Path, model: str | None
+    ) -> None:
+        """A chat endpoint nobody listens on fails the rollout as http_error (infrastructure,
+        not the agent), whether the agent first asks for the model list or not."""
+        with socket.socket() as bound_not_listening:
+            bound_not_listening.bind(("127.0.0.1", 0))
+            port = bound_not_listening.getsockname()[1]
+            server = await serve_rollout(backend(tmp_path, max_retries=0, model=model))
+            result = await run_one(server.url, f"http://127.0.0.1:{port}/v1", "q", "2")
+        assert result.status == "failure"
+        assert result.err_category == "http_error"
+        assert "failed: ClientConnectorError" in result.err_message
+
+
+class TestModelOutageInEval:
+    async def test_dead_chat_url_leaves_items_pending_and_the_right_url_resumes(
+        self, aiohttp_server: Any, serve_rollout: Any, tmp_path: Path
+    ) -> None:
+        """A run whose --chat-url is dead from the start scores nothing: every item fails as
+        http_error and stays pending, the run exits 1 and says how to resume, and the same
+        run with the right URL runs every item (it used to find them all done, as zeros)."""
+        rows = (ROOT / "examples" / "datasets" / "arithmetic.jsonl").read_text().splitlines()
+        dataset = tmp_path / "five.jsonl"
+        dataset.write_text("\n".join(rows[:5]) + "\n")
+        server = await serve_rollout(backend(tmp_path, max_retries=0))
+        with socket.socket() as bound_not_listening:
+            bound_not_listening.bind(("127.0.0.1", 0))
+            dead_url = f"http://127.0.0.1:{bound_not_listening.getsockname()[1]}/v1"
+            first = await run_eval(
+                EvalOptions(
+                    dataset=dataset,
+                    server_url=server.url,
+                    chat_url=dead_url,
+                    output=tmp_path / "out",
+                    concurrency=2,
+                    progress="off",
+                ),
+                stream=io.StringIO(),
+            )
+        assert first.exit_code == 1
+        assert first.summary["by_outcome"]["infra_failure"] == 5
+        assert first.summary["by_err_category"] == {"http_error": 5}
+        assert first.summary["items"]["scored"] == 0
+        assert first.closing_line is not None
+        assert first.closing_line.endswith("; 5 items pending. Re-run the same command to resume.")
+
+        standin = load_standin()
+        chat = await aiohttp_server(standin.create_app(standin.StandinConfig()), host="127.0.0.1")
+        second = await run_eval(
+            EvalOptions(
+                dataset=dataset,
+                server_url=server.url,
+                chat_url=str(chat.make_url("/v1")),
+                output=tmp_path / "out",
+                concurrency=2,
+                progress="off",
+            ),
+            stream=io.StringIO(),
+        )
+        assert second.exit_code == 0
+        assert second.summary["complete"] is True
+        assert second.summary["by_outcome"]["success"] == 5
+        assert second.summary["pass"]["passed"] == 5
+        assert second.closing_line is None

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from rollout_client import RolloutClientPool, RolloutHandle, RolloutProtocolError
-from rollout_client.eval import EvalOptions, run_eval
+from rollout_client.eval import EvalOptions, read_journal, run_eval
 from rollout_server import (
     ExecutionBackend,
     ExecutionOutcome,
@@ -32,7 +32,7 @@ from rollout_server import (
 )
 from rollout_types import RolloutStatus
 
-from .conftest import EVENT_SEC, RunningServer
+from .conftest import EVENT_SEC, RunningServer, Watched
 
 MESSAGES: Final = [{"role": "user", "content": "What is 6 * 7?"}]
 CHAT: Final = "http://127.0.0.1:9/v1"
@@ -46,9 +46,12 @@ class HeldBackend(ExecutionBackend):
     def __init__(self) -> None:
         self.release = asyncio.Event()
         self.executed: list[str] = []
+        self.started: asyncio.Queue[str] = asyncio.Queue()
+        """Each rollout's id once it runs (held)."""
 
     async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
         self.executed.append(request.id)
+        self.started.put_nowait(request.id)
         await self.release.wait()
         sample = Sample(messages=[{"role": "assistant", "content": "42"}], reward=1.0)
         return ExecutionOutcome(
@@ -117,6 +120,24 @@ class TestThreeServersInProcess:
             )
 
 
+def eight_rows_over(servers: list[RunningServer], tmp_path: Path) -> EvalOptions:
+    """A run of eight rows over two servers, four at a time."""
+    dataset = tmp_path / "rows.jsonl"
+    dataset.write_text(
+        "".join(json.dumps({"user_prompt": f"{i} + 0?", "label": str(i)}) + "\n" for i in range(8)),
+        encoding="utf-8",
+    )
+    return EvalOptions(
+        dataset=dataset,
+        server_url=servers[0].url,
+        extra_server_urls=(servers[1].url,),
+        chat_url=CHAT,
+        output=tmp_path / "out",
+        concurrency=4,
+        progress="off",
+    )
+
+
 class TestEvalOverTwoServers:
     async def test_rollout_eval_spreads_a_dataset_over_both_servers(
         self, serve_rollout: Any, tmp_path: Path
@@ -127,30 +148,46 @@ class TestEvalOverTwoServers:
         for backend in backends:
             backend.release.set()
             servers.append(await serve_rollout(backend))
-        dataset = tmp_path / "rows.jsonl"
-        dataset.write_text(
-            "".join(
-                json.dumps({"user_prompt": f"{i} + 0?", "label": str(i)}) + "\n" for i in range(8)
-            ),
-            encoding="utf-8",
-        )
-        report = await run_eval(
-            EvalOptions(
-                dataset=dataset,
-                server_url=servers[0].url,
-                extra_server_urls=(servers[1].url,),
-                chat_url=CHAT,
-                output=tmp_path / "out",
-                concurrency=4,
-                progress="off",
-            ),
-            stream=io.StringIO(),
-        )
+        report = await run_eval(eight_rows_over(servers, tmp_path), stream=io.StringIO())
         assert report.exit_code == 0
         assert report.summary["by_outcome"]["success"] == 8
         executed = [len(backend.executed) for backend in backends]
         assert sum(executed) == 8
         assert min(executed) >= 1
+
+    async def test_both_servers_shutting_down_drain_the_run(
+        self, serve_rollout: Any, tmp_path: Path
+    ) -> None:
+        """Both servers begin shutting down while each runs two rollouts: rollout-eval starts
+        no new rollout once both refuse one (503), cancels nothing, collects and records
+        the four in flight, and ends with the rest pending, the closing line and exit 1."""
+        backends = [HeldBackend(), HeldBackend()]
+        servers = [await serve_rollout(backend) for backend in backends]
+        stream = Watched("starting no new rollouts")
+        run = asyncio.ensure_future(run_eval(eight_rows_over(servers, tmp_path), stream=stream))
+        try:
+            async with asyncio.timeout(EVENT_SEC):
+                for backend in backends:  # two rollouts held on each server
+                    await backend.started.get()
+                    await backend.started.get()
+                for server in servers:
+                    server.state.begin_shutdown()
+                backends[0].release.set()  # two finish; the next admission finds no server
+                await stream.seen.wait()
+                backends[1].release.set()  # the other two finish during the drain
+                report = await run
+        finally:
+            run.cancel()
+        assert [len(backend.executed) for backend in backends] == [2, 2]
+        records = read_journal(report.run_dir / "events.jsonl")
+        assert [(r.outcome, r.reward) for r in records] == [("success", 1.0)] * 4
+        assert report.summary["items"]["pending"] == 4
+        assert report.exit_code == 1
+        assert report.closing_line == (
+            "rollout-eval: every rollout server is shutting down (none admits a new rollout); "
+            "4 items pending. Re-run the same command to resume."
+        )
+        assert "cancelling" not in stream.getvalue()
 
 
 class ServeProcess:

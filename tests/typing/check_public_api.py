@@ -99,11 +99,36 @@ async def _pool_usage() -> None:
             timeout_sec=120, process_ids={"http://10.0.0.1:8000": "p"}
         )
         urls: tuple[str, ...] = pool.urls
-        reasons: dict[str, str] = RolloutServersUnavailableError(
-            "x", rollout_id="r1", reasons={}
-        ).reasons
+        unavailable = RolloutServersUnavailableError(
+            "x", rollout_id="r1", reasons={}, shutting_down=frozenset({"http://10.0.0.1:8000"})
+        )
+        reasons: dict[str, str] = unavailable.reasons
+        shutting_down: frozenset[str] = unavailable.shutting_down
         lookup: LookupError = RolloutNotFoundError("x")
-        del final, cancelled, available, process_id, idle, urls, reasons, lookup
+        del final, cancelled, available, process_id, idle, urls, reasons, shutting_down, lookup
+
+
+# -- rollout_client.eval: the rollout-eval job as a library ---------------------------------
+async def _eval_usage() -> None:
+    import sys
+    from pathlib import Path
+
+    from rollout_client.eval import EvalOptions, EvalReport, RunControl, run_eval
+
+    control = RunControl()
+    control.request_drain("the rollout server is shutting down")
+    draining: bool = control.draining
+    report: EvalReport = await run_eval(
+        EvalOptions(
+            dataset=Path("d.jsonl"),
+            server_url="http://127.0.0.1:8000",
+            chat_url="http://127.0.0.1:9000/v1",
+        ),
+        stream=sys.stderr,
+        control=control,
+    )
+    closing: str | None = report.closing_line
+    del draining, closing
 
 
 # -- rollout_server: a workflow, a grader, LocalBackend and the app factory -----------------
@@ -115,9 +140,19 @@ def _server_usage() -> None:
         Grader,
         GraderContext,
         LocalBackend,
+        ModelEndpointError,
         WorkflowContext,
+        categorize_exception,
         create_rollout_server,
     )
+    from rollout_types import RolloutErrorCategory
+
+    class ChatFailedError(ModelEndpointError):
+        """The agent's own model-endpoint error: reported as http_error for a 503."""
+
+    status: int | None = ChatFailedError("busy", status_code=503).status_code
+    category: RolloutErrorCategory = categorize_exception(ChatFailedError("busy", status_code=503))
+    del status, category
 
     class Echo(AgentWorkflow):
         async def run(self, ctx: WorkflowContext) -> list[dict[str, object]]:

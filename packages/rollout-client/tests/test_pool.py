@@ -178,6 +178,11 @@ def busy_once(fake: FakeRollouts, *, retry_after: str) -> None:
     fake.admission = answer
 
 
+def shutting_down(_request: web.Request) -> web.StreamResponse:
+    """A rollout server's answer to an admission once its shutdown has begun."""
+    return json_response({"detail": "rollout server is shutting down"}, 503)
+
+
 def status_of(pool: RolloutClientPool, url: str) -> PoolServerStatus:
     (status,) = [s for s in pool.servers() if s.url == url]
     return status
@@ -303,6 +308,43 @@ class TestRouting:
         assert a.url in str(error.value)
         assert b.url in str(error.value)
         assert error.value.rollout_id == "r0"
+
+    async def test_unavailable_error_tells_servers_shutting_down_from_gateways(
+        self, fakes, make_pool
+    ):
+        """Only a 503 with the shutting-down detail marks a server as shutting down; a
+        gateway's 503 and a refused connection leave it out of ``shutting_down``."""
+        a, b, c = await fakes(3)
+        a.admission = shutting_down
+        b.admission = lambda r: web.Response(status=503, text="<html>Service Unavailable</html>")
+        assert c.server is not None
+        c.server.stop_listening()
+        pool = make_pool([a.url, b.url, c.url], probe_interval_sec=60)
+        with pytest.raises(RolloutServersUnavailableError) as error:
+            await start_rollout(pool, "r0")
+        assert error.value.shutting_down == frozenset({a.url})
+        assert error.value.reasons[a.url] == "POST /rollout answered 503 (shutting down)"
+        assert error.value.reasons[b.url] == "POST /rollout answered 503 (gateway)"
+
+    async def test_a_server_probed_as_shutting_down_counts_as_shutting_down(self, fakes, make_pool):
+        """A server out of rotation whose probe (made before the pool gives up) says
+        accepting_rollouts is false is named in ``shutting_down`` next to one that answered
+        503 "shutting down" just now."""
+        a, b = await fakes(2)
+        a.admission = shutting_down
+        a.accepting = False
+        pool = make_pool([a.url, b.url], probe_interval_sec=60)
+        await start_rollout(pool, "r0")
+        assert b.admitted() == ["r0"]
+        b.admission = shutting_down
+        b.accepting = False
+        with pytest.raises(RolloutServersUnavailableError) as error:
+            await start_rollout(pool, "r1")
+        assert error.value.shutting_down == frozenset({a.url, b.url})
+        assert error.value.reasons == {
+            a.url: "shutting down (GET /health: accepting_rollouts is false)",
+            b.url: "POST /rollout answered 503 (shutting down)",
+        }
 
     async def test_a_server_out_is_probed_when_no_other_is_left(self, fakes, make_pool):
         """With every other server gone, a server taken out earlier is probed at once and

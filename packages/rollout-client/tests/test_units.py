@@ -74,7 +74,10 @@ class TestErrors:
             ),
             RolloutAdmissionTimeoutError("t", rollout_id="r", may_have_succeeded=True),
             RolloutServersUnavailableError(
-                "u", rollout_id="r", reasons={"http://127.0.0.1:1": "refused"}
+                "u",
+                rollout_id="r",
+                reasons={"http://127.0.0.1:1": "refused", "http://127.0.0.1:2": "shutting down"},
+                shutting_down=frozenset({"http://127.0.0.1:2"}),
             ),
             RolloutNotFoundError("n"),
         ]

@@ -20,16 +20,18 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+import rollout_server
 from rollout_server import ROLLOUT_SERVER_KEY, ServerConfigError, ServeTargetError
 from rollout_server._cli import (
     GC_YOUNG_THRESHOLD,
     build_app,
     build_parser,
     load_target,
+    main,
     serve,
     tune_collector,
 )
-from rollout_types import LEASE_HEADER
+from rollout_types import LEASE_HEADER, PROTOCOL_VERSION
 
 COMMAND_LOOP_ONLY = True
 """Run these tests once, on uvloop (see conftest): the servers under test have their own loop."""
@@ -179,6 +181,42 @@ class TestOptions:
         """The key itself can never be passed on the command line."""
         with pytest.raises(SystemExit):
             parse("m:a", "--api-key", "secret")
+
+
+class TestCommandLine:
+    def test_version(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """--version prints the distribution's version and the protocol version, exit 0."""
+        with pytest.raises(SystemExit) as info:
+            main(["--version"])
+        assert info.value.code == 0
+        assert capsys.readouterr().out == (
+            f"rollout-server {rollout_server.__version__} (rollout protocol {PROTOCOL_VERSION})\n"
+        )
+
+    def test_bad_option_prints_the_subcommand_usage(
+        self, app_dir: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """An unknown option of serve exits 2 with serve's usage, not the top-level one."""
+        with pytest.raises(SystemExit) as info:
+            main(["serve", "cli_targets:backend", "--app-dir", str(app_dir), "--bogus", "1"])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("usage: rollout-server serve ")
+        assert "rollout-server serve: error: unrecognized arguments: --bogus 1" in err
+
+    @pytest.mark.parametrize("kind", ["missing", "file"])
+    def test_app_dir_must_be_a_directory(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+    ) -> None:
+        """An --app-dir that does not exist (or is a file) exits 2 and says so."""
+        path = tmp_path / "nowhere"
+        if kind == "file":
+            path.write_text("")
+        with pytest.raises(SystemExit) as info:
+            main(["serve", "cli_targets:backend", "--app-dir", str(path)])
+        assert info.value.code == 2
+        problem = "does not exist" if kind == "missing" else "is not a directory"
+        assert f"--app-dir {path} {problem}" in capsys.readouterr().err
 
 
 class TestTargets:

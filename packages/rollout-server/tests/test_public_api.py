@@ -10,8 +10,8 @@ EXPECTED = [
     "ROLLOUT_SERVER_KEY", "AgentWorkflow", "AgentWorkflowConfig", "AgentWorkflowOutput",
     "ConcurrencyConfig", "ExecutionBackend", "ExecutionOutcome", "ExecutionRequest",
     "ExecutionResult", "Grader", "GraderConfig", "GraderContext", "LocalBackend",
-    "RolloutContext", "RolloutServer", "RolloutServerError", "Sample", "SampleSource",
-    "ServeTargetError", "ServerConfigError", "ShutdownTimeouts", "WorkflowContext",
+    "ModelEndpointError", "RolloutContext", "RolloutServer", "RolloutServerError", "Sample",
+    "SampleSource", "ServeTargetError", "ServerConfigError", "ShutdownTimeouts", "WorkflowContext",
     "__version__", "categorize_exception", "create_rollout_server", "current_rollout_context",
     "get_rollout_context",
 ]  # fmt: skip

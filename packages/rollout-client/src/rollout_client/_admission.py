@@ -32,13 +32,19 @@ from ._settings import ClientSettings
 from ._transport import HttpResponse, Transport
 
 __all__ = [
+    "SHUTTING_DOWN_DETAIL",
     "AdmissionAttempt",
     "admission_answer",
     "admission_deadline",
     "admit",
+    "is_shutting_down",
     "request_body",
     "send_admission",
 ]
+
+SHUTTING_DOWN_DETAIL: Final = "rollout server is shutting down"
+"""The ``detail`` of the ``503`` a rollout server (ours, osmosis-ai >= 0.3.5) answers to
+``POST /rollout`` once its shutdown has begun (wire-protocol section 4.2)."""
 
 _MAY_HAVE_SUCCEEDED: Final = (
     "; admission may have succeeded; the server requests cancellation when an unobserved "
@@ -259,6 +265,18 @@ def admission_answer(rollout_id: str, response: HttpResponse) -> RolloutInitResp
         + response.detail_suffix(),
         status_code=status,
     )
+
+
+def is_shutting_down(response: HttpResponse) -> bool:
+    """Whether an admission answer is a rollout server's ``503`` "shutting down" (its
+    ``detail`` is :data:`SHUTTING_DOWN_DETAIL`), not a gateway's ``503``."""
+    if response.status != 503:
+        return False
+    try:
+        detail = loads(response.body).get("detail")
+    except (WireValidationError, AttributeError):
+        return False
+    return bool(detail == SHUTTING_DOWN_DETAIL)
 
 
 def _is_callback_protocol_rejection(body: bytes) -> bool:

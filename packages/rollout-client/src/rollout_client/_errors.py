@@ -117,22 +117,38 @@ class RolloutServersUnavailableError(RolloutClientError, ConnectionError):
     """No server of a :class:`RolloutClientPool` can take a rollout.
 
     ``reasons`` maps each server's URL to why it cannot (unreachable, shutting down, failed
-    its health probe, ...); ``rollout_id`` is the rollout that was being admitted.
+    its health probe, ...); ``shutting_down`` holds the URLs of those that are shutting down
+    (a ``503`` "rollout server is shutting down" to an admission, or ``/health`` saying
+    ``accepting_rollouts`` is false): they admit nothing more but still serve the results of
+    the rollouts they run. ``rollout_id`` is the rollout that was being admitted.
     """
 
-    def __init__(self, message: str, *, rollout_id: str, reasons: dict[str, str]) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        rollout_id: str,
+        reasons: dict[str, str],
+        shutting_down: frozenset[str] = frozenset(),
+    ) -> None:
         super().__init__(message)
         self.rollout_id = rollout_id
         self.reasons = reasons
+        self.shutting_down = shutting_down
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_unavailable_error, (str(self), self.rollout_id, self.reasons))
+        return (
+            _rebuild_unavailable_error,
+            (str(self), self.rollout_id, self.reasons, self.shutting_down),
+        )
 
 
 def _rebuild_unavailable_error(
-    message: str, rollout_id: str, reasons: dict[str, str]
+    message: str, rollout_id: str, reasons: dict[str, str], shutting_down: frozenset[str]
 ) -> RolloutServersUnavailableError:
-    return RolloutServersUnavailableError(message, rollout_id=rollout_id, reasons=reasons)
+    return RolloutServersUnavailableError(
+        message, rollout_id=rollout_id, reasons=reasons, shutting_down=shutting_down
+    )
 
 
 class RolloutNotFoundError(RolloutClientError, LookupError):

@@ -12,12 +12,13 @@ Routing of one admission (all of it within ``admission_timeout_sec``):
 2. 429: the server is skipped until its ``Retry-After`` passes (read and clamped as
    :class:`RolloutClient` does, with the pool's :class:`RetrySettings`) and the next is
    tried; when every server in rotation is busy, wait for the first to be free again.
-3. A transport failure, or 502, 503 (shutting down) or 504: the server is taken out of
-   rotation and the next is tried. Anything else (202, 401, 409, 422, ...) is answered as
-   :class:`RolloutClient` answers it.
+3. A transport failure, or 502, 503 or 504: the server is taken out of rotation and the
+   next is tried (a 503 whose ``detail`` is "rollout server is shutting down" marks it as
+   shutting down; another 503 is a gateway's). Anything else (202, 401, 409, 422, ...) is
+   answered as :class:`RolloutClient` answers it.
 4. When no server is left in rotation, the servers out of rotation are probed at once;
    when none of them comes back, :class:`RolloutServersUnavailableError` names each server
-   and why it cannot be used.
+   and why it cannot be used, and which of them are shutting down.
 
 A server out of rotation is probed with ``GET /health`` every ``probe_interval_sec`` and
 comes back when it answers 200 and (when it says) accepts rollouts. Result polls that end
@@ -44,7 +45,7 @@ import attrs
 
 from rollout_types import CancelRolloutsResponse, RolloutResultResponse, check_seconds
 
-from ._admission import admission_answer, admission_deadline, request_body
+from ._admission import admission_answer, admission_deadline, is_shutting_down, request_body
 from ._client import RolloutClient
 from ._errors import (
     RolloutClientError,
@@ -117,6 +118,8 @@ class _Server:
         self.outstanding = 0
         self.available = True
         self.reason: str | None = None
+        self.shutting_down = False
+        """Out of rotation because it is shutting down (its last reason says so)."""
         self.busy_until = -math.inf
         """``settings.clock`` time before which a 429 keeps it out of routing."""
         self.process_id: str | None = None
@@ -407,10 +410,11 @@ class RolloutClientPool:
                 )
                 return None
             if response.status in UNAVAILABLE_STATUSES:
+                shutting_down = is_shutting_down(response)
                 failed[server.url] = f"POST /rollout answered {response.status}" + (
-                    " (shutting down)" if response.status == 503 else " (gateway)"
+                    " (shutting down)" if shutting_down else " (gateway)"
                 )
-                self._take_out(server, failed[server.url])
+                self._take_out(server, failed[server.url], shutting_down=shutting_down)
                 return None
             admitted = admission_answer(rollout_id, response)
             handle = server.client._start_polling(admitted, sent_at)
@@ -456,6 +460,7 @@ class RolloutClientPool:
             + "; ".join(f"{url}: {why}" for url, why in reasons.items()),
             rollout_id=rollout_id,
             reasons=reasons,
+            shutting_down=frozenset(s.url for s in self._servers if s.shutting_down),
         )
 
     def _track(self, server: _Server, handle: RolloutHandle) -> None:
@@ -596,8 +601,9 @@ class RolloutClientPool:
 
     # -- rotation and probes ------------------------------------------------------------
 
-    def _take_out(self, server: _Server, reason: str) -> None:
+    def _take_out(self, server: _Server, reason: str, *, shutting_down: bool = False) -> None:
         server.reason = reason
+        server.shutting_down = shutting_down
         if server.available:
             server.available = False
             server.changes += 1
@@ -608,6 +614,7 @@ class RolloutClientPool:
 
     def _bring_back(self, server: _Server) -> None:
         server.reason = None
+        server.shutting_down = False
         if not server.available:
             server.available = True
             server.changes += 1
@@ -677,7 +684,8 @@ class RolloutClientPool:
             return health
         lifecycle = health.get("lifecycle")
         if isinstance(lifecycle, dict) and lifecycle.get("accepting_rollouts") is False:
-            self._take_out(server, "shutting down (GET /health: accepting_rollouts is false)")
+            reason = "shutting down (GET /health: accepting_rollouts is false)"
+            self._take_out(server, reason, shutting_down=True)
         else:
             self._bring_back(server)
         return health

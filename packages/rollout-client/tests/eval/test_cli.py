@@ -1,13 +1,23 @@
-"""The rollout-eval command line: options, errors and exit statuses."""
+"""The rollout-eval command line: options, errors, exit statuses and closing lines."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import io
 import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 
+import rollout_client
 from rollout_client.eval._cli import (
     GC_YOUNG_THRESHOLD,
     build_parser,
@@ -15,6 +25,12 @@ from rollout_client.eval._cli import (
     main,
     options_from_args,
 )
+from rollout_types import PROTOCOL_VERSION
+
+from .conftest import RolloutScript, result_fields, write_dataset
+
+PROCESS_SEC = 60.0
+"""Bound on one rollout-eval process (start-up included, on a loaded 2-core machine)."""
 
 
 def run_args(dataset: Path, *extra: str) -> list[str]:
@@ -160,3 +176,219 @@ class TestMain:
         assert "run 'run', 1 items (1 pending)" in capsys.readouterr().out
         assert main(["show", str(tmp_path / "nothing")]) == 2
         assert "holds the files of a run" in capsys.readouterr().err
+
+
+class TestCommandLine:
+    def test_version(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """--version prints the distribution's version and the protocol version, exit 0."""
+        with pytest.raises(SystemExit) as caught:
+            main(["--version"])
+        assert caught.value.code == 0
+        assert capsys.readouterr().out == (
+            f"rollout-eval {rollout_client.__version__} (rollout protocol {PROTOCOL_VERSION})\n"
+        )
+
+    @pytest.mark.parametrize("command", ["run", "show", "report"])
+    def test_bad_option_prints_the_subcommand_usage(
+        self, dataset: Path, capsys: pytest.CaptureFixture[str], command: str
+    ) -> None:
+        """An unknown option of a subcommand exits 2 with that subcommand's usage."""
+        argv = run_args(dataset, "--bogus") if command == "run" else [command, "d", "--bogus"]
+        with pytest.raises(SystemExit) as caught:
+            main(argv)
+        assert caught.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"usage: rollout-eval {command} ")
+        assert f"rollout-eval {command}: error: unrecognized arguments: --bogus" in err
+
+
+async def run_process(
+    dataset: Path, script: RolloutScript, *extra: str, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Run ``rollout-eval run`` in a subprocess against ``script``; its status and stderr."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "rollout_client.eval",
+        "run",
+        str(dataset),
+        "--server",
+        script.url,
+        "--chat-url",
+        script.url + "/v1",
+        "--output",
+        str(dataset.parent / "out"),
+        *extra,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        async with asyncio.timeout(PROCESS_SEC):
+            _, err = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, err.decode()
+
+
+def rows(path: Path, count: int) -> Path:
+    return write_dataset(path, [{"user_prompt": "q", "label": str(i)} for i in range(count)])
+
+
+class TestClosingLine:
+    async def test_server_shutting_down(
+        self, rollout_script: Callable[..., Awaitable[RolloutScript]], tmp_path: Path
+    ) -> None:
+        """A server answering 503 "shutting down" ends the run like Ctrl-C does: exit 1 and
+        "<why>; N items pending. Re-run the same command to resume." last."""
+
+        def admit(_label: str) -> web.StreamResponse | None:
+            if script.admitted:
+                return web.json_response({"detail": "rollout server is shutting down"}, status=503)
+            return None
+
+        script = await rollout_script(admit=admit, outcome=lambda _label: result_fields("pass"))
+        code, err = await run_process(rows(tmp_path / "d.jsonl", 4), script, "--concurrency", "1")
+        assert code == 1, err
+        assert err.splitlines()[-1] == (
+            "rollout-eval: the rollout server is shutting down (it answered 503 to a new "
+            "rollout); 3 items pending. Re-run the same command to resume."
+        )
+
+    async def test_server_crash(
+        self, rollout_script: Callable[..., Awaitable[RolloutScript]], tmp_path: Path
+    ) -> None:
+        """A server that dies with rollouts in flight ends the run with the stop rule's reason
+        and the same closing line; the cancels that cannot reach it make one line."""
+        both_admitted = asyncio.Event()
+
+        def admit(_label: str) -> web.StreamResponse | None:
+            if len(script.admitted) == 1:
+                both_admitted.set()
+            return None
+
+        script = await rollout_script(admit=admit, outcome=lambda _label: None)
+        dataset = rows(tmp_path / "d.jsonl", 6)
+        process = asyncio.ensure_future(
+            run_process(
+                dataset, script, "--concurrency", "2", "--max-consecutive-infra-failures", "2"
+            )
+        )
+        async with asyncio.timeout(PROCESS_SEC):
+            await both_admitted.wait()
+        script.crash()
+        code, err = await process
+        assert code == 1, err
+        last = err.splitlines()[-1]
+        assert last.startswith(
+            "rollout-eval: stopped after 2 consecutive infrastructure failures (last: "
+            "transport_error: "
+        ), err
+        assert last.endswith("; 6 items pending. Re-run the same command to resume."), err
+        assert err.count("could not cancel") <= 1
+
+
+class TestTerminal:
+    async def test_log_lines_clear_and_redraw_the_bar_which_fits_the_terminal(
+        self, rollout_script: Callable[..., Awaitable[RolloutScript]], tmp_path: Path
+    ) -> None:
+        """The client's retry warning is written as its own prefixed line (the progress line
+        cleared first and redrawn after), and no progress line is wider than the 60-column
+        terminal ($COLUMNS)."""
+        polls: dict[str, int] = {}
+
+        def outcome(label: str) -> dict[str, Any] | None:
+            polls[label] = polls.get(label, 0) + 1
+            return result_fields("drop" if polls[label] == 1 else "pass")
+
+        script = await rollout_script(outcome=outcome)
+        code, err = await run_process(
+            rows(tmp_path / "d.jsonl", 1),
+            script,
+            "--progress",
+            "bar",
+            env={"COLUMNS": "60"},
+        )
+        assert code == 0, err
+        warning = re.search(
+            r"\r\x1b\[2Krollout-eval: WARNING rollout_client: Retrying result read for rollout "
+            r"\w+ after ServerDisconnectedError \(attempt 1\) in 0\.10s\n0/1  pass -  ",
+            err,
+        )
+        assert warning is not None, err
+        bars = [part for part in re.split(r"\r\x1b\[2K|\n", err) if "/1  pass " in part]
+        assert bars
+        assert max(len(bar) for bar in bars) <= 59
+
+    async def test_the_pools_lines_go_around_the_bar_too(
+        self, rollout_script: Callable[..., Awaitable[RolloutScript]], tmp_path: Path
+    ) -> None:
+        """With two --server, the pool's warning that a server left the rotation (it
+        answered 503 "shutting down") is a prefixed line that clears and redraws the bar;
+        the other server runs the item."""
+        leaving = await rollout_script(
+            admit=lambda _label: web.json_response(
+                {"detail": "rollout server is shutting down"}, status=503
+            )
+        )
+        staying = await rollout_script(outcome=lambda _label: result_fields("pass"))
+        code, err = await run_process(
+            rows(tmp_path / "d.jsonl", 1),
+            leaving,
+            "--server",
+            staying.url,
+            "--progress",
+            "bar",
+            env={"COLUMNS": "60"},
+        )
+        assert code == 0, err
+        assert (leaving.posted, staying.posted) == (["0"], ["0"])
+        line = (
+            f"\r\x1b[2Krollout-eval: WARNING rollout_client: Rollout server {leaving.url} is "
+            "out of rotation: POST /rollout answered 503 (shutting down)\n0/1  pass -  "
+        )
+        assert line in err, err
+
+
+class TestLogRouting:
+    async def test_a_record_during_the_report_is_a_rollout_eval_line(
+        self,
+        fakes: Any,
+        dataset: Path,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A warning logged while `rollout-eval report` writes the report (logging not
+        configured) is written to stderr as a rollout-eval line, not Python's bare one."""
+        from rollout_client.eval import EvalOptions, run_eval
+        from rollout_client.eval import _cli as cli
+
+        async def succeed(request: dict[str, Any], _cancelled: asyncio.Event) -> Any:
+            return fakes.success(request["rollout_id"], 1.0)
+
+        options = EvalOptions(
+            dataset=dataset,
+            server_url="http://127.0.0.1:9",
+            chat_url="http://127.0.0.1:9/v1",
+            output=tmp_path / "out",
+            progress="off",
+        )
+        server = fakes.FakeServer(succeed)
+        report = await run_eval(options, stream=io.StringIO(), client_factory=server.factory)
+        write_report = cli.write_report
+
+        def logging_write_report(run_dir: Path) -> Path:
+            logging.getLogger("rollout_client.eval").warning("the report is large")
+            return write_report(run_dir)
+
+        monkeypatch.setattr(cli, "write_report", logging_write_report)
+        monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as in a fresh process
+        assert main(["report", str(report.run_dir)]) == 0
+        captured = capsys.readouterr()
+        assert captured.err == "rollout-eval: WARNING rollout_client.eval: the report is large\n"
+        assert captured.out == f"{report.run_dir / 'report.html'}\n"
+        assert logging.getLogger().handlers == []

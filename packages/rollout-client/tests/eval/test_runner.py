@@ -335,21 +335,26 @@ class TestResume:
             )
 
 
+def interrupted_at(fakes: Any, control: RunControl, *, in_flight: int) -> Any:
+    """A fake server whose rollouts run until cancelled; ``control`` is interrupted once
+    ``in_flight`` of them run."""
+
+    async def behave(request: dict[str, Any], cancelled: asyncio.Event) -> RolloutResultResponse:
+        if server.in_flight == in_flight:
+            control.request_stop("interrupted", interrupted=True)
+        return await fakes.until_cancelled(request, cancelled)
+
+    server = fakes.FakeServer(behave)
+    return server
+
+
 class TestStop:
     async def test_stop_cancels_in_flight_rollouts_and_leaves_them_pending(
         self, fakes: Any, dataset: Path, tmp_path: Path
     ) -> None:
         """A stop request cancels every in-flight rollout on the server and records none."""
         control = RunControl()
-
-        async def behave(
-            request: dict[str, Any], cancelled: asyncio.Event
-        ) -> RolloutResultResponse:
-            if server.in_flight == 2:
-                control.request_stop("interrupted", interrupted=True)
-            return await fakes.until_cancelled(request, cancelled)
-
-        server = fakes.FakeServer(behave)
+        server = interrupted_at(fakes, control, in_flight=2)
         report = await run_eval(
             options(dataset, tmp_path, concurrency=2),
             stream=io.StringIO(),
@@ -361,6 +366,67 @@ class TestStop:
         assert len(server.requests) == 2
         assert read_journal(report.run_dir / "events.jsonl") == []
         assert report.summary["items"]["pending"] == 5
+
+    async def test_a_stop_during_a_drain_cancels_what_is_collected(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Ctrl-C while a drain collects the rollouts in flight cancels them on the server;
+        they stay pending and the run ends as interrupted."""
+        from rollout_client import RolloutProtocolError
+
+        control = RunControl()
+
+        def admit(_request: dict[str, Any]) -> None:
+            if server.requests:  # the second admission: the server is shutting down
+                raise RolloutProtocolError(
+                    "POST /rollout returned 503; only 202 and 429 are accepted: rollout "
+                    "server is shutting down",
+                    status_code=503,
+                )
+
+        async def behave(
+            request: dict[str, Any], cancelled: asyncio.Event
+        ) -> RolloutResultResponse:
+            await control.stop.wait()  # the drain began
+            assert control.draining
+            control.request_stop("interrupted by SIGINT", interrupted=True)
+            return await fakes.until_cancelled(request, cancelled)
+
+        server = fakes.FakeServer(behave, admit=admit)
+        report = await run_eval(
+            options(dataset, tmp_path, concurrency=2),
+            stream=io.StringIO(),
+            control=control,
+            client_factory=server.factory,
+        )
+        assert report.exit_code == 130
+        assert server.cancel_requests == [server.requests[0]["rollout_id"]]
+        assert read_journal(report.run_dir / "events.jsonl") == []
+        assert report.closing_line == (
+            "rollout-eval: interrupted; 5 items pending. Re-run the same command to resume."
+        )
+
+    async def test_failed_cancels_make_one_message(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Cancels that fail (a server gone) are reported once, with their count."""
+        control = RunControl()
+        server = interrupted_at(fakes, control, in_flight=3)
+        server.cancel_error = ConnectionRefusedError(111, "Connection refused")
+        stream = io.StringIO()
+        await run_eval(
+            options(dataset, tmp_path, concurrency=3),
+            stream=stream,
+            control=control,
+            client_factory=server.factory,
+        )
+        assert len(server.cancel_requests) == 3
+        lines = [line for line in stream.getvalue().splitlines() if "could not cancel" in line]
+        assert lines == [
+            "rollout-eval: could not cancel 3 rollout(s) on the server (last: "
+            "ConnectionRefusedError: [Errno 111] Connection refused); their polling leases "
+            "expire instead"
+        ]
 
     async def test_stop_abandons_admissions_in_progress(
         self, fakes: Any, dataset: Path, tmp_path: Path

@@ -14,7 +14,12 @@ from ._context import (
     current_rollout_context,
     get_rollout_context,
 )
-from ._errors import RolloutServerError, ServerConfigError, ServeTargetError
+from ._errors import (
+    ModelEndpointError,
+    RolloutServerError,
+    ServerConfigError,
+    ServeTargetError,
+)
 from ._grader import Grader, GraderConfig, GraderContext
 from ._local_backend import LocalBackend
 from ._server import RolloutServer
@@ -46,6 +51,7 @@ __all__ = [
     "GraderConfig",
     "GraderContext",
     "LocalBackend",
+    "ModelEndpointError",
     "RolloutContext",
     "RolloutServer",
     "RolloutServerError",

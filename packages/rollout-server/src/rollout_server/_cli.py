@@ -27,7 +27,8 @@ hang (a thread of user code that never returns, a blocked event loop), the proce
 first signal (:data:`EXIT_SLACK_SEC` after a second one).
 
 Exit status: 0 after a shutdown, 1 if the server could not start (for example the port is
-taken), 2 for a bad command line or target.
+taken), 2 for a bad command line or target. ``--version`` prints the version; a bad option of
+``serve`` (or an ``--app-dir`` that is not a directory) prints its usage.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from aiohttp import web
 
 from rollout_types import PROTOCOL_VERSION
 
+from . import __version__
 from ._app import ROLLOUT_SERVER_KEY, create_rollout_server
 from ._backend import ExecutionBackend
 from ._errors import ServerConfigError, ServeTargetError
@@ -130,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rollout-server",
         description="Serve the rollout protocol (wire-compatible with osmosis-ai 0.3.8).",
         allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {__version__} (rollout protocol {PROTOCOL_VERSION})",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve_cmd = commands.add_parser(
@@ -244,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="log one line per request (logger rollout_server.access)",
     )
+    for command in commands.choices.values():  # main() names the subcommand in errors
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -617,7 +626,17 @@ async def _serve_command(args: argparse.Namespace, exit_guard: _ExitGuard) -> in
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``rollout-server``; return the exit status (see the module docstring)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    command: argparse.ArgumentParser = args.command_parser
+    if unknown:
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+    app_dir = Path(args.app_dir)
+    if not app_dir.is_dir():
+        problem = "is not a directory" if app_dir.exists() else "does not exist"
+        command.error(
+            f"--app-dir {args.app_dir} {problem}; pass the directory that holds MODULE (the "
+            "default is the current directory)"
+        )
     if not logging.getLogger().handlers:
         # One write per event-loop turn, not per line (a line per rollout at INFO).
         logging.basicConfig(
@@ -628,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         logging.getLogger().setLevel(args.log_level)
     if not 0 <= args.port <= 65535:
-        parser.error(f"--port must be between 0 and 65535; got {args.port}")
+        command.error(f"--port must be between 0 and 65535; got {args.port}")
     exit_guard = _ExitGuard()
     try:
         runner = asyncio.Runner(loop_factory=_loop_factory(args.loop))

@@ -5,9 +5,12 @@ dataset (``--n`` times) through a rollout server (``--server`` repeated: several
 through a ``RolloutClientPool``) and writes ``OUTPUT/NAME/``:
 
 * ``manifest.json``: the fingerprint of the inputs (resuming with other inputs is refused);
-* ``events.jsonl``: the append-only, fsynced journal of terminal outcomes (the resume
-  authority);
-* ``samples.jsonl``: the final conversation and metrics of each recorded rollout;
+* ``events.jsonl``: the append-only, fsynced journal (the resume authority): one line per
+  final outcome of an item and one per infrastructure failure (an attempt, run again on
+  resume), so count only the lines whose ``outcome`` is ``success``, ``failed`` or
+  ``skipped``;
+* ``samples.jsonl``: the conversation and metrics of each recorded rollout that had a
+  sample (the same rule tells final lines from attempts);
 * ``summary.json``: counts by outcome, status and error category (with the most common
   error messages), reward mean and median, pass rate, pass@k (``--n`` > 1) and latency
   percentiles; also printed as a table;
@@ -22,9 +25,16 @@ the server (they stay pending) and writes the summary; Ctrl-C twice exits at onc
 self-contained page (no network access needed) with the summary, charts, failures and
 every item's final conversation. ``RUN`` is a run directory or a run name in ``--output``.
 
+A run that ends with items pending ends with the line ``rollout-eval: <why>; N items
+pending. Re-run the same command to resume.``: after Ctrl-C, after the stop rule
+(``--max-consecutive-infra-failures`` in a row, e.g. a server that crashed), after a server
+that is shutting down (it answers 503 to new rollouts: none start, the ones in flight are
+collected; with several ``--server``, once none admits and one of them is shutting down),
+or when some items ended in infrastructure failures.
+
 Exit status: 0 when every item is done; 1 when items stay pending (the run stopped early
-after infrastructure failures, or the server could not be used); 2 for bad input (options,
-dataset, a changed run); 130 when interrupted.
+after infrastructure failures or a server shutting down, or the server could not be used);
+2 for bad input (options, dataset, a changed run); 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -41,12 +51,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from rollout_types import PROTOCOL_VERSION
+
+from .. import __version__
 from ._control import RunControl
 from ._errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EvalError, EvalInputError
 from ._failures import format_failures
 from ._journal import latest_by_item, read_journal
 from ._options import DEFAULT_MAX_CONSECUTIVE_INFRA_FAILURES, DEFAULT_OUTPUT_DIR, EvalOptions
-from ._progress import PROGRESS_MODES
+from ._progress import PROGRESS_MODES, routed_logging
 from ._report import find_run_dir, write_report
 from ._runner import run_eval
 from ._summary import format_summary
@@ -84,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rollout-eval",
         description="Evaluate a dataset through a rollout server (rollout protocol, osmosis-ai "
         "0.3.x compatible).",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {__version__} (rollout protocol {PROTOCOL_VERSION})",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser(
@@ -224,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="DIR",
             help=f"directory of runs, to find RUN by name (default {DEFAULT_OUTPUT_DIR})",
         )
+    for command in commands.choices.values():  # main() names the subcommand in errors
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -303,13 +323,8 @@ async def _run_command(options: EvalOptions, err: TextIO, out: TextIO) -> int:
             loop.remove_signal_handler(number)
     out.write(report.summary_text + "\n")
     out.flush()
-    if report.stop_reason and not control.interrupted:
-        err.write(f"rollout-eval: {report.stop_reason}\n")
-    elif control.interrupted:
-        err.write(
-            f"rollout-eval: interrupted; {report.summary['items']['pending']} items pending. "
-            "Re-run the same command to resume.\n"
-        )
+    if report.closing_line is not None:
+        err.write(report.closing_line + "\n")
     return report.exit_code
 
 
@@ -357,8 +372,17 @@ def collector_tuned() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``rollout-eval``; returns the exit status (see the module docstring)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage, not the top-level one argparse would print
+        command: argparse.ArgumentParser = args.command_parser
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
     err, out = sys.stderr, sys.stdout
+    with routed_logging(err):  # log records of every step as rollout-eval lines
+        return _dispatch(args, err, out)
+
+
+def _dispatch(args: argparse.Namespace, err: TextIO, out: TextIO) -> int:
+    """Run the parsed command; return the exit status."""
     try:
         if args.command == "show":
             return _show(args.run, args.output, out)

@@ -1,6 +1,11 @@
-"""The run journal (``events.jsonl``): one fsynced JSON line per terminal outcome.
+"""The run journal (``events.jsonl``): one fsynced JSON line per recorded ending of a rollout,
+final or not.
 
-The journal is append-only and is the resume authority. Each line is an object::
+The journal is append-only and is the resume authority. It holds the final outcome of each
+finished item **and** every infrastructure failure (an attempt: the item is run again), so
+its line count is not the number of items: count the lines whose ``outcome`` is final
+(``success``, ``failed``, ``skipped``; at most one per item, and the item's last line).
+Each line is an object::
 
     {"row_index": 3, "run_index": 0, "rollout_id": "9f0c…", "status": "success",
      "reward": 1.0, "err_category": null, "err_message": null, "outcome": "success",
@@ -14,11 +19,11 @@ The journal is append-only and is the resume authority. Each line is an object::
   success without a reward); scored as reward 0;
 * ``skipped``: the grader asked to remove the sample (``remove_sample``); not scored;
 * ``infra_failure``: the infrastructure failed (``lease_expired``, ``internal_error``,
-  ``http_error`` (a sandbox or provider failure), a category this client does not know,
-  transport or protocol errors, admission timeout, a rollout that outlived its deadline);
-  never scored. ``status`` is null when no terminal status was received; ``err_category``
-  then names the client-side cause (``transport_error``, ``protocol_error``,
-  ``admission_timeout``, ``deadline_exceeded``, ``client_error``).
+  ``http_error`` (the model endpoint, a sandbox or a provider failed), a category this
+  client does not know, transport or protocol errors, admission timeout, a rollout that
+  outlived its deadline); never scored. ``status`` is null when no terminal status was
+  received; ``err_category`` then names the client-side cause (``transport_error``,
+  ``protocol_error``, ``admission_timeout``, ``deadline_exceeded``, ``client_error``).
 
 An item (``row_index``, ``run_index``) counts as done when its **last** record is
 ``success``, ``failed`` or ``skipped``. An item whose last record is ``infra_failure`` stays

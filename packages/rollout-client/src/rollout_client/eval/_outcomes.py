@@ -20,8 +20,16 @@ item deadline overrun, anything else raised                ``transport_error``,
                                                            ``client_error``
 ``cancelled``                                              not recorded: the item stays
                                                            pending
+``503`` "rollout server is shutting down" on admission     not recorded: the item stays
+(several servers: none admits, and at least one of them    pending; no new rollouts start,
+is shutting down)                                          the in-flight ones are collected
+                                                           (:func:`server_draining_reason`)
 another protocol version, the key refused (401)            not recorded: the run stops
 =========================================================  ===============================
+
+``success``, ``failed`` and ``skipped`` are final: the item is done and is not run again on
+resume. ``infra_failure`` is an attempt: the item stays pending, is run again on resume
+with a fresh rollout id, and counts towards ``--max-consecutive-infra-failures``.
 
 A success *passes* when its reward is at least the run's pass threshold (:func:`passes`).
 """
@@ -35,10 +43,12 @@ import aiohttp
 
 from rollout_types import RolloutErrorCategory, RolloutResultResponse, RolloutStatus
 
+from .._admission import SHUTTING_DOWN_DETAIL
 from .._errors import (
     RolloutAdmissionTimeoutError,
     RolloutProtocolError,
     RolloutProtocolVersionError,
+    RolloutServersUnavailableError,
 )
 
 __all__ = [
@@ -48,6 +58,7 @@ __all__ = [
     "deadline_exceeded",
     "passes",
     "run_stopping_reason",
+    "server_draining_reason",
 ]
 
 _SCORED_FAILURE_CATEGORIES: Final = frozenset(
@@ -124,6 +135,48 @@ def run_stopping_reason(exc: Exception, *, phase: str) -> str | None:
             f"the rollout server refused the API key (401) during {phase}; pass the right key "
             "with --server-api-key-env"
         )
+    return None
+
+
+def server_draining_reason(exc: Exception, *, phase: str) -> str | None:
+    """Why the run stops admitting but keeps collecting, or None when ``exc`` is no such sign.
+
+    The sign is a ``503`` answer to ``POST /rollout`` whose ``detail`` is
+    :data:`~rollout_client._admission.SHUTTING_DOWN_DETAIL` (the client puts the detail in
+    the message of the :class:`~rollout_client.RolloutProtocolError`): the server admits
+    nothing more but still serves the results of the rollouts it is draining. A ``503``
+    from a gateway (another body) is an ordinary infrastructure failure.
+
+    With several servers the pool handles each ``503`` itself (that server leaves the
+    rotation) and raises :class:`~rollout_client.RolloutServersUnavailableError` once no
+    server can take a rollout. That drains the run when at least one of them is shutting
+    down: the others failed too (this admission, or the probe the pool made before it
+    raised), so no rollout could start, and the ones in flight on the servers shutting down
+    still finish. When none is shutting down it is an ordinary infrastructure failure.
+
+    Args:
+        exc: What admitting or awaiting one rollout raised.
+        phase: ``admission`` or ``result``.
+    """
+    if phase != "admission":
+        return None
+    if isinstance(exc, RolloutServersUnavailableError) and exc.shutting_down:
+        others = [
+            f"{url}: {why}" for url, why in exc.reasons.items() if url not in exc.shutting_down
+        ]
+        if not others:
+            return "every rollout server is shutting down (none admits a new rollout)"
+        return (
+            f"no rollout server admits new rollouts ({len(exc.shutting_down)} shutting down; "
+            + "; ".join(others)
+            + ")"
+        )
+    if (
+        isinstance(exc, RolloutProtocolError)
+        and exc.status_code == 503
+        and str(exc).endswith(f": {SHUTTING_DOWN_DETAIL}")
+    ):
+        return "the rollout server is shutting down (it answered 503 to a new rollout)"
     return None
 
 

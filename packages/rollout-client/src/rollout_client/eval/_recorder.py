@@ -2,9 +2,13 @@
 line, a progress count and a step of the stop rule.
 
 The stop rule: after ``max_consecutive_infra_failures`` infrastructure failures in a row
-(default 5; 0 never stops) the recorder asks :class:`RunControl` to stop, and the scheduler
-then starts no new rollouts and cancels the in-flight ones, which stay pending. An error no
-rollout can survive (another protocol version, the key refused) stops the run at once.
+(default 5; 0 never stops; any final outcome resets the count) the recorder asks
+:class:`RunControl` to stop, and the scheduler then starts no new rollouts and cancels the
+in-flight ones, which stay pending. An error no rollout can survive (another protocol
+version, the key refused) stops the run at once. A server that is shutting down (``503`` on
+admission; with several servers, none admits and one of them is shutting down) makes the
+recorder ask for a drain instead: no new rollouts, the in-flight ones are collected and
+recorded.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ._outcomes import (
     deadline_exceeded,
     passes,
     run_stopping_reason,
+    server_draining_reason,
 )
 from ._progress import Progress
 
@@ -125,8 +130,7 @@ class Recorder:
             if limit and self.consecutive_infra >= limit:
                 self.control.request_stop(
                     f"stopped after {self.consecutive_infra} consecutive infrastructure failures "
-                    f"(last: {err_category}: {err_message}); fix the cause and re-run the same "
-                    "command to resume the pending items"
+                    f"(last: {err_category}: {err_message})"
                 )
         else:
             self.consecutive_infra = 0
@@ -147,10 +151,11 @@ class Recorder:
             if not cancel_requested:
                 # Cancelled by someone else (an operator, a server shutting down).
                 self.consecutive_infra += 1
-                self.progress.message(
-                    f"rollout-eval: row {item[0]} run {item[1]} was cancelled by the server; "
-                    "it stays pending"
-                )
+                if not self.control.stop.is_set():  # stopping: the closing line counts it
+                    self.progress.message(
+                        f"rollout-eval: row {item[0]} run {item[1]} was cancelled by the "
+                        "server; it stays pending"
+                    )
             return
         self.record(
             item,
@@ -165,10 +170,15 @@ class Recorder:
         self, item: Item, rollout_id: str, exc: Exception, *, latency_sec: float, phase: str
     ) -> None:
         """Record what admitting (``phase="admission"``) or awaiting (``"result"``) raised,
-        or stop the run when no rollout can succeed."""
+        stop the run when no rollout can succeed, or drain it when the server is shutting
+        down (the item is not recorded, it stays pending)."""
         reason = run_stopping_reason(exc, phase=phase)
         if reason is not None:
             self.control.request_stop(reason)
+            return
+        reason = server_draining_reason(exc, phase=phase)
+        if reason is not None:
+            self.control.request_drain(reason)
             return
         classified = classify_exception(exc, phase=phase)
         self.record(item, rollout_id, classified, status=None, latency_sec=latency_sec)

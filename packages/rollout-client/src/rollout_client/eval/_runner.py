@@ -15,8 +15,12 @@
 
 After ``max_consecutive_infra_failures`` infrastructure failures in a row the run stops
 early: no new rollouts start, the in-flight ones are cancelled on the server and stay
-pending, and the report says why. An interruption (:attr:`RunControl.stop`, set by the
-first Ctrl-C of the CLI) does the same.
+pending, and the report says why. An interruption (:meth:`RunControl.request_stop`, called
+by the first Ctrl-C of the CLI) does the same. A server that is shutting down (``503`` on
+admission; with several servers, none admits and one of them is shutting down) drains the
+run: no new rollouts start, the in-flight ones are collected, the rest stays pending. A
+run that ends with pending items says so in :attr:`EvalReport.closing_line` and exits 1
+(130 when interrupted).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ._journal import DONE_OUTCOMES, Journal, JournalRecord, latest_by_item
 from ._manifest import format_rows
 from ._options import EvalOptions
 from ._probe import choose_concurrency, fetch_chat_models, probe_servers
-from ._progress import Progress
+from ._progress import Progress, ProgressLogHandler, routed_logging
 from ._recorder import Recorder, preload_progress
 from ._rundir import (
     JOURNAL_FILE,
@@ -59,6 +63,12 @@ class EvalReport:
             130 when interrupted.
         stop_reason: Why the run stopped before finishing, or None.
         summary_text: The printed table.
+        closing_line: What to do next when items stay pending (or the run was
+            interrupted): ``"rollout-eval: <why>; N items pending. Re-run the same command
+            to resume."``; None when the run is complete.
+
+    .. versionchanged:: 0.2
+       ``closing_line``.
     """
 
     run_dir: Path
@@ -66,6 +76,7 @@ class EvalReport:
     exit_code: int
     stop_reason: str | None
     summary_text: str
+    closing_line: str | None = None
 
 
 async def run_eval(
@@ -94,10 +105,30 @@ async def run_eval(
             whose inputs changed, or an unusable run directory.
         JournalError: When the journal is corrupt or another process holds the run.
         ServerUnavailableError: When the rollout server cannot be used.
+
+    While it runs, a process that has not configured logging (no handler on the root
+    logger) has its WARNING and worse records written to ``stream`` as
+    ``rollout-eval: LEVEL logger: message`` lines that never garble the progress bar.
     """
+    with routed_logging(stream) as log_handler:
+        return await _run_eval(
+            options,
+            stream=stream,
+            control=control or RunControl(),
+            factory=client_factory or default_client_factory,
+            log_handler=log_handler,
+        )
+
+
+async def _run_eval(
+    options: EvalOptions,
+    *,
+    stream: TextIO,
+    control: RunControl,
+    factory: ClientFactory,
+    log_handler: ProgressLogHandler | None,
+) -> EvalReport:
     options.validate()
-    control = control or RunControl()
-    factory = client_factory or default_client_factory
     dataset = load_dataset(options.dataset)
     selected = (
         parse_row_selection(options.rows, len(dataset.rows))
@@ -110,7 +141,7 @@ async def run_eval(
         stream.write(
             f"rollout-eval: warning: GET {options.chat_url.rstrip('/')}/models did not list any "
             "model; if the rollout server cannot reach --chat-url either, every rollout will "
-            "fail as agent_error\n"
+            "fail\n"
         )
     manifest = run_manifest(options, dataset, selected, chat_models)
     run_dir, warnings = prepare_run_dir(options, manifest, stream)
@@ -134,6 +165,8 @@ async def run_eval(
         progress = Progress(
             total=len(items), stream=stream, mode=mode, interval_sec=options.progress_interval_sec
         )
+        if log_handler is not None:
+            log_handler.progress = progress
         done_before = [latest[item] for item in items if not _pending(latest.get(item))]
         preload_progress(progress, done_before, pass_threshold=options.pass_threshold)
         if done_before:
@@ -172,11 +205,27 @@ async def run_eval(
         exit_code=exit_code,
         stop_reason=control.reason,
         summary_text=text,
+        closing_line=_closing_line(summary, control),
     )
 
 
 def _pending(record: JournalRecord | None) -> bool:
     return record is None or record.outcome not in DONE_OUTCOMES
+
+
+def _closing_line(summary: dict[str, Any], control: RunControl) -> str | None:
+    """Why items stay pending and how to resume them; None for a complete run."""
+    pending = summary["items"]["pending"]
+    if not pending and not control.interrupted:
+        return None
+    if control.interrupted:
+        why = "interrupted"
+    elif control.reason is not None:
+        why = control.reason
+    else:
+        failures = summary["infra_failures"]["pending_items"]
+        why = f"{failures} items ended in an infrastructure failure (see the summary)"
+    return f"rollout-eval: {why}; {pending} items pending. Re-run the same command to resume."
 
 
 def _write_reports(run_dir: Path, summary: dict[str, Any]) -> str:

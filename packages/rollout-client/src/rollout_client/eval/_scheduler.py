@@ -4,7 +4,10 @@ fresh ``uuid4().hex`` rollout id and a deadline, and stopping when :class:`RunCo
 A stop (the stop rule, Ctrl-C, a failing worker) starts no new rollouts and cancels the
 in-flight ones: admitted rollouts on the server (through a separate client, bounded),
 admissions still in progress locally. Cancelled items are not recorded and stay pending.
-How each ending is recorded is the :class:`~._recorder.Recorder`'s business.
+A drain (the server is shutting down) starts no new rollouts, abandons the admissions in
+progress and collects the admitted rollouts, each bounded by its item deadline; a stop
+during the drain cancels what is left. How each ending is recorded is the
+:class:`~._recorder.Recorder`'s business.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class Scheduler:
         self.deadline_sec = options.deadline_sec()
         self._cancel_client: RunClient | None = None
         self._cancel_tasks: set[asyncio.Task[None]] = set()
+        self._cancel_failures: list[Exception] = []
 
     # -- one item -------------------------------------------------------------------
 
@@ -178,10 +182,7 @@ class Scheduler:
         try:
             await self._cancel_client.cancel_rollout(rollout_id)
         except Exception as exc:  # noqa: BLE001 - best effort: the lease expires otherwise
-            self.progress.message(
-                f"rollout-eval: could not cancel rollout {rollout_id} on the server "
-                f"({type(exc).__name__}: {exc}); its polling lease will expire instead"
-            )
+            self._cancel_failures.append(exc)  # reported once, by close()
 
     def cancel_in_flight(self) -> None:
         """Cancel every in-flight rollout: admitted ones on the server, admissions locally.
@@ -206,13 +207,20 @@ class Scheduler:
             await asyncio.wait(set(self._cancel_tasks), timeout=SETTLE_TIMEOUT_SEC)
         for cancel_task in set(self._cancel_tasks):
             cancel_task.cancel()
+        if self._cancel_failures:
+            last = self._cancel_failures[-1]
+            self.progress.message(
+                f"rollout-eval: could not cancel {len(self._cancel_failures)} rollout(s) on the "
+                f"server (last: {type(last).__name__}: {last}); their polling leases expire "
+                "instead"
+            )
         if self._cancel_client is not None:
             await self._cancel_client.aclose()
 
     # -- the pool -------------------------------------------------------------------
 
     async def run_items(self, items: list[Item], concurrency: int) -> None:
-        """Run ``items`` with ``concurrency`` workers until done or stopped.
+        """Run ``items`` with ``concurrency`` workers until done, stopped or drained.
 
         Raises:
             Exception: What a worker raised (an unwritable journal, a bug), after the
@@ -226,21 +234,27 @@ class Scheduler:
 
         workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(items)))]
         stop_waiter = asyncio.create_task(self.control.stop.wait())
+        cancel_waiter = asyncio.create_task(self.control.cancel.wait())
+        drain_started = False
         try:
             pending: set[asyncio.Task[Any]] = set(workers)
-            while pending:
+            while pending and not self.control.cancel.is_set():
+                # Before a stop, watch for one; while draining, watch for a stop that
+                # cancels what is being collected.
+                watch = cancel_waiter if self.control.stop.is_set() else stop_waiter
                 done, pending = await asyncio.wait(
-                    pending | {stop_waiter}, return_when=asyncio.FIRST_COMPLETED
+                    pending | {watch}, return_when=asyncio.FIRST_COMPLETED
                 )
-                pending.discard(stop_waiter)
-                failed = [t for t in done if t is not stop_waiter and t.exception() is not None]
+                pending.discard(watch)
+                failed = [t for t in done if t is not watch and t.exception() is not None]
                 if failed:
                     # A bug or an unwritable journal: stop the others cleanly, then raise.
                     exc = failed[0].exception()
                     self.control.request_stop(f"stopping after an error: {exc!r}")
-                if stop_waiter in done or failed:
-                    break
-            if self.control.stop.is_set():
+                elif self.control.draining and not drain_started:
+                    drain_started = True
+                    self._drain()
+            if self.control.cancel.is_set():
                 await self._stop(workers)
             outcomes = await asyncio.gather(*workers, return_exceptions=True)
             for outcome in outcomes:
@@ -248,12 +262,27 @@ class Scheduler:
                     raise outcome
         finally:
             stop_waiter.cancel()
+            cancel_waiter.cancel()
             for task in workers:
                 task.cancel()
-            await asyncio.gather(stop_waiter, *workers, return_exceptions=True)
+            await asyncio.gather(stop_waiter, cancel_waiter, *workers, return_exceptions=True)
             for flight in list(self.flights.values()):
                 if flight.handle is not None and not flight.handle.done():
                     flight.handle.cancel()
+
+    def _drain(self) -> None:
+        """Say why no rollouts start any more, abandon the admissions in progress, and
+        leave the admitted rollouts to finish (each within its item deadline)."""
+        admitted = sum(1 for flight in self.flights.values() if flight.handle is not None)
+        collecting = (
+            f"; collecting the {admitted} in flight (Ctrl-C cancels them)" if admitted else ""
+        )
+        self.progress.message(
+            f"rollout-eval: {self.control.reason}: starting no new rollouts{collecting}"
+        )
+        for flight in list(self.flights.values()):
+            if flight.handle is None and flight.admission is not None:
+                flight.admission.cancel()
 
     async def _stop(self, workers: list[asyncio.Task[None]]) -> None:
         """Say why the run stops, cancel the in-flight rollouts and let the workers settle."""
