@@ -210,20 +210,22 @@ class LongPollWaits:
         if self._grace_sec <= 0.0:
             self.wake(record)
             return
-        loop = self.loop
-        now = loop.time()
-        cpu = self._loop_cpu_clock()
+        now = self.loop.time()
         by = now + self._grace_sec
-        deadlines = self._deadlines
-
-        def move(entry: Entry) -> Entry:
-            check = functools.partial(self._end_grace, record, due_at(entry), now, cpu)
-            return deadlines.bring_forward(loop, entry, by, check)
-
         if isinstance(waiters, tuple):
-            record._waiters = tuple(move(entry) for entry in waiters)
+            record._waiters = tuple(self._move(record, entry, now, by) for entry in waiters)
         else:
-            record._waiters = move(waiters)
+            record._waiters = self._move(record, waiters, now, by)
+
+    def _move(self, record: RolloutRecord, entry: Entry, now: float, by: float) -> Entry:
+        """Bring the waiting poll ``entry`` of ``record`` forward to ``by`` (loop seconds)
+        for a status change at ``now``, unless it is due by then already (a grace of its
+        own, or its wait): returns the entry now listed."""
+        until = due_at(entry)
+        if until <= by:
+            return entry
+        check = functools.partial(self._end_grace, record, until, now, self._loop_cpu_clock())
+        return self._deadlines.bring_forward(self.loop, entry, by, check)
 
     def close(self) -> None:
         """Refuse later waits (:meth:`begin` returns None); the registry wakes the current
