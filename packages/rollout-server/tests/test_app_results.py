@@ -188,33 +188,22 @@ class TestLongPoll:
         assert reply.json["status"] == "success"
         assert reply.json["sample"]["reward"] == 0.5
 
+    @pytest.mark.parametrize("reported_by", ["server", "backend"])
     async def test_change_between_polls_is_answered_within_the_grace(
-        self, make_harness: Any, queue_reporting: Any
+        self, make_harness: Any, queue_reporting: Any, reported_by: str
     ) -> None:
-        """A change made between polls (nobody waiting) is answered by the next poll
-        within the grace, as if it happened as that poll arrived: nothing else changes,
-        and the 30 s wait is far beyond the bound."""
+        """Running reported between polls (by the server as the execution starts, before
+        the first poll arrives, or later by the backend) is answered by the next poll
+        within the grace while the execution is still held, not after its 30 s wait (the
+        admission answered queued)."""
+        backend = queue_reporting() if reported_by == "backend" else None
         harness = await make_harness(
-            backend=queue_reporting(), result_wait_timeout_sec=30.0, polling_lease_timeout_sec=60.0
+            backend=backend, result_wait_timeout_sec=30.0, polling_lease_timeout_sec=60.0
         )
         token = await harness.admit("r1")
         run = await harness.backend.started("r1")
-        run.status(RolloutStatus.RUNNING)  # between polls: nobody is waiting
-        async with asyncio.timeout(EVENT_SEC):
-            reply = await harness.poll("r1", token)
-        assert reply.json == in_progress("r1", "running")
-        assert not run.finished.is_set()
-        run.succeed(0.5)
-
-    async def test_the_first_poll_answers_running_while_the_workflow_runs(
-        self, make_harness: Any
-    ) -> None:
-        """The server reports running before the first poll arrives; that poll answers
-        running within the grace while the execution is still held (the admission
-        answered queued), not after its 30 s wait."""
-        harness = await make_harness(result_wait_timeout_sec=30.0, polling_lease_timeout_sec=60.0)
-        token = await harness.admit("r1")
-        run = await harness.backend.started("r1")
+        if reported_by == "backend":
+            run.status(RolloutStatus.RUNNING)  # between polls: nobody is waiting
         assert harness.server.registry.get("r1").status is RolloutStatus.RUNNING
         async with asyncio.timeout(EVENT_SEC):
             reply = await harness.poll("r1", token)
