@@ -34,6 +34,7 @@ from interop_harness import (
     DriverError,
     Pair,
     ServerProcess,
+    python_of,
 )
 from interop_harness.listing import pair_params
 from interop_harness.servers import API_KEY
@@ -166,6 +167,40 @@ class TestRollouts:
         standin.release("gate", rid)
         assert_graded_success(await client.call("result", rollout_id=rid), rid, 1.0)
         assert (await client.call("state", rollout_id=rid))["done"] is True
+
+    async def test_our_server_shows_each_milestone_within_the_grace(
+        self, pair: Pair, own_server: list[ServerProcess], standin: ChatStandIn, open_client: Any
+    ) -> None:
+        """With a 60 s wait (past the bound), our server answers running while the agent is
+        held and grading while the grader is held, each within its 1 s grace, and the
+        client's handle reports both: one result request per phase."""
+        checkout_server = python_of(OURS_SERVER)
+        if pair.server != OURS_SERVER or pair.server_python not in (None, checkout_server):
+            pytest.skip(
+                "only this checkout's server answers a change made between polls within the "
+                "grace; osmosis-ai and our releases answer it at the next change or after "
+                "the whole wait (spec 4.6)"
+            )
+        process = pair.make_server(wait_sec=60.0).start()
+        own_server.append(process)
+        client = await open_client(pair, process.url)
+        rid = new_id()
+        standin.hold("chat", rid)
+        standin.hold("gate", rid)
+        await client.call(
+            "start", **rollout(standin, rid, metadata={"grade_gate_url": standin.gate_url(rid)})
+        )
+        await standin.arrived("chat", rid, timeout_sec=EVENT_SEC)
+        running = await client.call("wait_for_running", rollout_id=rid, timeout_sec=EVENT_SEC)
+        assert running == "running"
+        standin.release("chat", rid)
+        await standin.arrived("gate", rid, timeout_sec=EVENT_SEC)
+        grading = await client.call("wait_for_grading", rollout_id=rid, timeout_sec=EVENT_SEC)
+        assert grading == "grading"
+        standin.release("gate", rid)
+        result = await client.call("result", rollout_id=rid, timeout_sec=EVENT_SEC)
+        assert_graded_success(result, rid, 1.0)
+        assert client.responses("GET", f"/rollout/{rid}/result") == [200, 200, 200]
 
     async def test_cancel_and_wait(
         self, pair: Pair, server: ServerProcess, standin: ChatStandIn, open_client: Any

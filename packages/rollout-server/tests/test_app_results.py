@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from rollout_server import ExecutionOutcome, ExecutionResult, Sample
+from rollout_server._deadlines import due_at
 from rollout_types import (
     LEASE_HEADER,
     RolloutErrorCategory,
@@ -187,23 +188,88 @@ class TestLongPoll:
         assert reply.json["status"] == "success"
         assert reply.json["sample"]["reward"] == 0.5
 
-    async def test_change_between_polls_shows_at_the_next_change(
+    @pytest.mark.parametrize("reported_by", ["server", "backend"])
+    async def test_change_between_polls_is_answered_within_the_grace(
+        self, make_harness: Any, queue_reporting: Any, reported_by: str
+    ) -> None:
+        """Running reported between polls (by the server as the execution starts, before
+        the first poll arrives, or later by the backend) is answered by the next poll
+        within the grace while the execution is still held, not after its 30 s wait (the
+        admission answered queued)."""
+        backend = queue_reporting() if reported_by == "backend" else None
+        harness = await make_harness(
+            backend=backend, result_wait_timeout_sec=30.0, polling_lease_timeout_sec=60.0
+        )
+        token = await harness.admit("r1")
+        run = await harness.backend.started("r1")
+        if reported_by == "backend":
+            run.status(RolloutStatus.RUNNING)  # between polls: nobody is waiting
+        assert harness.server.registry.get("r1").status is RolloutStatus.RUNNING
+        async with asyncio.timeout(EVENT_SEC):
+            reply = await harness.poll("r1", token)
+        assert reply.json == in_progress("r1", "running")
+        assert not run.finished.is_set()
+        run.succeed(0.5)
+
+    async def test_the_admission_answer_counts_as_delivered(
         self, make_harness: Any, queue_reporting: Any
     ) -> None:
-        """A poll compares with the status at its arrival: a change made between polls is
-        reported only when the next change happens."""
+        """While the status is still the queued the admission answered, a poll waits for
+        a change up to its whole wait (no grace), and answers the change within the
+        grace."""
         harness = await make_harness(
             backend=queue_reporting(), result_wait_timeout_sec=30.0, polling_lease_timeout_sec=60.0
         )
         token = await harness.admit("r1")
         run = await harness.backend.started("r1")
-        run.status(RolloutStatus.RUNNING)  # between polls: nobody is waiting
+        record = harness.server.registry.get("r1")
+        before = asyncio.get_running_loop().time()
         async with asyncio.timeout(EVENT_SEC):
             poll = asyncio.create_task(harness.poll("r1", token))
             await _until_waiting(harness, "r1")
-            assert not poll.done()
+            assert _poll_deadline(record) >= before + 30.0
+            run.status(RolloutStatus.RUNNING)
+            reply = await poll
+        assert reply.json == in_progress("r1", "running")
+        run.succeed(0.5)
+
+    async def test_a_status_answered_is_not_answered_again_before_a_change(
+        self, make_harness: Any
+    ) -> None:
+        """After a poll answered running, the next poll waits for the next change (its
+        whole wait), then answers grading."""
+        harness = await make_harness(result_wait_timeout_sec=30.0, polling_lease_timeout_sec=60.0)
+        token = await harness.admit("r1")
+        run = await harness.backend.started("r1")
+        record = harness.server.registry.get("r1")
+        async with asyncio.timeout(EVENT_SEC):
+            assert (await harness.poll("r1", token)).json["status"] == "running"
+            before = asyncio.get_running_loop().time()
+            poll = asyncio.create_task(harness.poll("r1", token))
+            await _until_waiting(harness, "r1")
+            assert _poll_deadline(record) >= before + 30.0
             run.status(RolloutStatus.GRADING)
-            assert (await poll).json["status"] == "grading"
+            reply = await poll
+        assert reply.json == in_progress("r1", "grading")
+        run.succeed(0.5)
+
+    async def test_a_quick_rollout_is_answered_in_one_round_trip(self, make_harness: Any) -> None:
+        """A poll that finds running not yet answered, whose rollout then finishes within
+        the grace, answers the result itself (not running, then the result)."""
+        harness = await make_harness(
+            result_wait_timeout_sec=30.0,
+            polling_lease_timeout_sec=60.0,
+            status_change_grace_sec=EVENT_SEC,
+        )
+        token = await harness.admit("r1")
+        run = await harness.backend.started("r1")
+        async with asyncio.timeout(EVENT_SEC):
+            poll = asyncio.create_task(harness.poll("r1", token))
+            await _until_waiting(harness, "r1")
+            run.succeed(0.5)
+            reply = await poll
+        assert reply.json["status"] == "success"
+        assert reply.json["sample"]["reward"] == 0.5
 
     async def test_published_result_is_answered_at_once(self, make_harness: Any) -> None:
         """A poll on a finished rollout returns the result without waiting (wait is 30 s)."""
@@ -254,6 +320,13 @@ class TestLongPoll:
                 if reply.json["status"] == "success":
                     break
         assert reply.json["rollout_id"] == rollout_id
+
+
+def _poll_deadline(record: Any) -> float:
+    """The loop time the one waiting poll of ``record`` is due at (its grace or its wait)."""
+    entry = record._waiters
+    assert isinstance(entry, list)
+    return due_at(entry)
 
 
 async def _until_waiting(harness: Any, rollout_id: str, count: int = 1) -> None:

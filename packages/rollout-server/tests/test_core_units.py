@@ -15,7 +15,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from rollout_server import ROLLOUT_SERVER_KEY, ExecutionBackend, create_rollout_server
 from rollout_server._cancellation import Cancellation
-from rollout_server._deadlines import DeadlineQueue
+from rollout_server._deadlines import DeadlineQueue, due_at
 from rollout_server._middleware import make_protocol_middleware
 from rollout_server._record import ResultFields, RolloutRecord
 from rollout_server._registry import TOKEN_BYTES, RolloutRegistry
@@ -242,6 +242,13 @@ class TestLongPollWaits:
     def _record(loop: asyncio.AbstractEventLoop) -> RolloutRecord:
         return RolloutRecord("r1", b"", loop.time() + 60.0)
 
+    @staticmethod
+    def _deadline(record: RolloutRecord) -> float:
+        """The loop time the one waiting poll of ``record`` is due at (its grace or wait)."""
+        entry = record._waiters
+        assert isinstance(entry, list)
+        return due_at(entry)
+
     async def test_wake_ends_every_wait_and_leaves_no_deadline(self) -> None:
         """Two waits on one record end together on wake(); the record lists none and the
         queue holds no deadline; end() afterwards changes nothing."""
@@ -249,8 +256,8 @@ class TestLongPollWaits:
         deadlines = DeadlineQueue()
         waits = LongPollWaits(deadlines)
         record = self._record(loop)
-        first = waits.begin(record, RolloutStatus.QUEUED, EVENT_SEC)
-        second = waits.begin(record, RolloutStatus.QUEUED, EVENT_SEC)
+        first = waits.begin(record, EVENT_SEC)
+        second = waits.begin(record, EVENT_SEC)
         assert first is not None
         assert second is not None
         assert record.waiting == 2
@@ -262,26 +269,116 @@ class TestLongPollWaits:
         assert (record.waiting, len(deadlines)) == (0, 0)
 
     async def test_closed_waits_refuse_new_ones(self) -> None:
-        """After close(), begin() has nothing to wait for; a status already moved on is
-        not waited for either."""
+        """After close(), begin() has nothing to wait for."""
         loop = asyncio.get_running_loop()
         waits = LongPollWaits(DeadlineQueue())
         record = self._record(loop)
-        assert waits.begin(record, RolloutStatus.RUNNING, EVENT_SEC) is None
         waits.close()
         assert waits.closed
-        assert waits.begin(record, RolloutStatus.QUEUED, EVENT_SEC) is None
+        assert waits.begin(record, EVENT_SEC) is None
+        assert record.waiting == 0
 
     async def test_a_change_without_grace_ends_the_wait_at_once(self) -> None:
         """With a grace of 0, status_changed() ends the waits there and then."""
         loop = asyncio.get_running_loop()
         waits = LongPollWaits(DeadlineQueue(), status_change_grace_sec=0.0)
         record = self._record(loop)
-        wait = waits.begin(record, RolloutStatus.QUEUED, EVENT_SEC)
+        wait = waits.begin(record, EVENT_SEC)
         assert wait is not None
         waits.status_changed(record)
         assert wait.done()
         assert record.waiting == 0
+
+    async def test_the_status_last_answered_is_waited_on_for_the_whole_wait(self) -> None:
+        """A poll that finds the status last answered to the caller (queued, from the
+        admission) waits for a change, up to its own wait: no grace is set."""
+        loop = asyncio.get_running_loop()
+        waits = LongPollWaits(DeadlineQueue(), status_change_grace_sec=1.0)
+        record = self._record(loop)
+        before = loop.time()
+        wait = waits.begin(record, 3 * EVENT_SEC)
+        assert wait is not None
+        assert self._deadline(record) >= before + 3 * EVENT_SEC
+        waits.end(record, wait)
+
+    async def test_a_status_not_yet_answered_is_answered_within_the_grace(self) -> None:
+        """A poll that arrives after queued → running (nobody was waiting) is due a grace
+        after its arrival, not at its own wait, and ends unwoken at that deadline."""
+        loop = asyncio.get_running_loop()
+        waits = LongPollWaits(DeadlineQueue(), status_change_grace_sec=0.05)
+        record = self._record(loop)
+        record.status = RolloutStatus.RUNNING
+        before = loop.time()
+        wait = waits.begin(record, 3 * EVENT_SEC)
+        after = loop.time()
+        assert wait is not None
+        assert before + 0.05 <= self._deadline(record) <= after + 0.05
+        async with asyncio.timeout(EVENT_SEC):
+            await wait
+        waits.end(record, wait)
+        assert record.waiting == 0
+
+    async def test_a_result_within_that_grace_ends_the_wait_at_once(self) -> None:
+        """The grace of a status not yet answered ends at once when the result is
+        published (the poll then answers the result: one round trip)."""
+        loop = asyncio.get_running_loop()
+        waits = LongPollWaits(DeadlineQueue(), status_change_grace_sec=EVENT_SEC)
+        record = self._record(loop)
+        record.status = RolloutStatus.RUNNING
+        wait = waits.begin(record, 3 * EVENT_SEC)
+        assert wait is not None
+        waits.status_changed(record)  # running → grading: the grace stays where it was
+        assert not wait.done()
+        waits.wake(record)
+        assert wait.done()
+        waits.end(record, wait)
+
+    async def test_a_status_answered_is_no_longer_graced(self) -> None:
+        """Once a poll has answered running (registry.deliver_status), the next poll
+        waits for a change again."""
+        loop = asyncio.get_running_loop()
+        held = _Held(status_change_grace_sec=1.0)
+        record, _token = held.admit("r1")
+        held.registry.set_status(record, RolloutStatus.RUNNING)
+        waits = held.registry.waits
+        first = waits.begin(record, 3 * EVENT_SEC)
+        assert first is not None
+        assert self._deadline(record) < loop.time() + 2 * EVENT_SEC  # the grace
+        waits.end(record, first)
+        assert held.registry.deliver_status(record) is RolloutStatus.RUNNING
+        before = loop.time()
+        second = waits.begin(record, 3 * EVENT_SEC)
+        assert second is not None
+        assert self._deadline(record) >= before + 3 * EVENT_SEC  # the whole wait
+        waits.end(record, second)
+        await held.finish()
+
+    async def test_without_a_grace_a_status_not_yet_answered_is_answered_at_once(
+        self,
+    ) -> None:
+        """With a grace of 0 there is nothing to wait for when the status differs from
+        the one last answered."""
+        loop = asyncio.get_running_loop()
+        waits = LongPollWaits(DeadlineQueue(), status_change_grace_sec=0.0)
+        record = self._record(loop)
+        record.status = RolloutStatus.GRADING
+        assert waits.begin(record, EVENT_SEC) is None
+        assert record.waiting == 0
+
+    async def test_a_grace_longer_than_the_wait_ends_at_the_wait(self) -> None:
+        """A status not yet answered, with a grace longer than the poll's wait: the wait
+        is due at its own deadline (never beyond)."""
+        loop = asyncio.get_running_loop()
+        waits = LongPollWaits(DeadlineQueue(), status_change_grace_sec=3 * EVENT_SEC)
+        record = self._record(loop)
+        record.status = RolloutStatus.RUNNING
+        wait = waits.begin(record, 0.05)
+        after = loop.time()
+        assert wait is not None
+        assert self._deadline(record) <= after + 0.05
+        async with asyncio.timeout(EVENT_SEC):
+            await wait
+        waits.end(record, wait)
 
 
 class TestTaskEnd:

@@ -200,16 +200,19 @@ class TestFrameFreeWait:
         return registry, record, gate
 
     async def test_nothing_to_wait_for_gives_none(self) -> None:
-        """waits.begin() returns None when the status differs already, the result is
-        published, or the registry is closed."""
+        """waits.begin() returns None when, without a grace, the status differs already
+        from the one last answered, when the result is published, or when the registry
+        is closed."""
         registry, record, gate = self._registry_with("r1")
-        assert registry.waits.begin(record, RolloutStatus.RUNNING, 5.0) is None
+        registry.set_status(record, RolloutStatus.RUNNING)
+        assert registry.waits.begin(record, 5.0) is None
+        registry.deliver_status(record)
         registry.close()
-        assert registry.waits.begin(record, record.status, 5.0) is None
+        assert registry.waits.begin(record, 5.0) is None
         gate.set_result(None)
         registry2, record2, gate2 = self._registry_with("r2")
         registry2.publish(record2, status=RolloutStatus.SUCCESS)
-        assert registry2.waits.begin(record2, record2.status, 5.0) is None
+        assert registry2.waits.begin(record2, 5.0) is None
         gate2.set_result(None)
         registry2.close()
 
@@ -218,7 +221,7 @@ class TestFrameFreeWait:
     ) -> tuple[RolloutRegistry, RolloutRecord, Any, asyncio.Future[None]]:
         """A registry with that grace, one rollout, a 30 s wait on it, then queued → running."""
         registry, record, gate = self._registry_with("r1", grace_sec=grace_sec)
-        wait = registry.waits.begin(record, record.status, 3 * EVENT_SEC)
+        wait = registry.waits.begin(record, 3 * EVENT_SEC)
         assert wait is not None
         registry.set_status(record, RolloutStatus.RUNNING)
         return registry, record, gate, wait
@@ -268,7 +271,7 @@ class TestFrameFreeWait:
         """The future of waits.begin() is done on a status change; a timed-out wait is
         removed from the record by waits.end()."""
         registry, record, gate = self._registry_with("r1")
-        wait = registry.waits.begin(record, record.status, EVENT_SEC)
+        wait = registry.waits.begin(record, EVENT_SEC)
         assert wait is not None
         assert record.waiting == 1
         registry.set_status(record, RolloutStatus.RUNNING)
@@ -276,7 +279,8 @@ class TestFrameFreeWait:
             await wait
         registry.waits.end(record, wait)
         assert record.waiting == 0
-        short = registry.waits.begin(record, record.status, 0.01)
+        registry.deliver_status(record)  # the poll answered running
+        short = registry.waits.begin(record, 0.01)
         assert short is not None
         async with asyncio.timeout(EVENT_SEC):
             await short  # done by its deadline
@@ -290,8 +294,8 @@ class TestFrameFreeWait:
         """Two polls of one rollout wait together: ending one leaves the other waiting, a
         status change wakes the other, and no wait deadline is left behind."""
         registry, record, gate = self._registry_with("r1")
-        first = registry.waits.begin(record, record.status, EVENT_SEC)
-        second = registry.waits.begin(record, record.status, EVENT_SEC)
+        first = registry.waits.begin(record, EVENT_SEC)
+        second = registry.waits.begin(record, EVENT_SEC)
         assert first is not None
         assert second is not None
         assert record.waiting == 2

@@ -58,7 +58,7 @@ class _Rollout:
         self.record, _token = self.registry.register("r1", lambda _record: loop.create_task(body()))
 
     def wait(self, timeout_sec: float) -> asyncio.Future[None]:
-        wait = self.registry.waits.begin(self.record, self.record.status, timeout_sec)
+        wait = self.registry.waits.begin(self.record, timeout_sec)
         assert wait is not None
         return wait
 
@@ -159,6 +159,19 @@ class TestSaturatedLoop:
             await second
         rollout.finish(second)
 
+    async def test_a_status_not_yet_answered_is_put_off_alike(self) -> None:
+        """A poll that arrives to find running (set between polls) waits as if running
+        had begun as it arrived: saturated through ten graces it stays pending, and the
+        result then ends it at once."""
+        rollout = _Rollout()
+        rollout.registry.set_status(rollout.record, RolloutStatus.RUNNING)  # nobody waits
+        wait = rollout.wait(3 * EVENT_SEC)
+        await _graces(10)
+        assert not wait.done()
+        rollout.registry.publish(rollout.record, status=RolloutStatus.SUCCESS)
+        assert wait.done()
+        rollout.finish(wait)
+
 
 class TestIdleLoop:
     async def test_the_change_is_answered_by_the_grace(self) -> None:
@@ -181,4 +194,15 @@ class TestIdleLoop:
         wait = rollout.wait(3 * EVENT_SEC)
         rollout.registry.set_status(rollout.record, RolloutStatus.RUNNING)
         assert wait.done()
+        rollout.finish(wait)
+
+    async def test_a_status_not_yet_answered_is_answered_by_the_grace(self) -> None:
+        """With the loop idle, a poll that finds running (set between polls) ends a grace
+        after its arrival without a result, well before its own 30 s."""
+        rollout = _Rollout(busy=False)
+        rollout.registry.set_status(rollout.record, RolloutStatus.RUNNING)  # nobody waits
+        wait = rollout.wait(3 * EVENT_SEC)
+        async with asyncio.timeout(EVENT_SEC):
+            await wait
+        assert rollout.record.body is None
         rollout.finish(wait)

@@ -116,7 +116,7 @@ class TestItem15ChangeBetweenPolls:
         self, make_harness: Any, queue_reporting: Any
     ) -> None:
         """With no further change, a status set between polls is answered when the next
-        poll's wait (0.3 s) elapses."""
+        poll's wait (0.3 s) elapses, when that is shorter than the grace (1 s)."""
         harness = await make_harness(backend=queue_reporting(), result_wait_timeout_sec=0.3)
         token = await harness.admit("r1")
         run = await harness.backend.started("r1")

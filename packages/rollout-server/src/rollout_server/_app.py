@@ -109,11 +109,13 @@ def create_rollout_server(
         status_change_grace_sec: After a non-terminal status change (``queued`` →
             ``running`` → ``grading``), a waiting long poll answers within this many
             seconds, or at once with the result if that is published meanwhile: one round
-            trip instead of two when a quick grader follows the workflow. A grace during
-            which the event loop was saturated (its thread on the CPU for at least 90% of
-            the time) is put off by another grace, up to the poll's own wait: a busy
-            server answers results rather than progress. 0 answers every change at once
-            (osmosis-ai's timing). Finite and >= 0; default 1.0.
+            trip instead of two when a quick grader follows the workflow. A poll that
+            arrives to find a status not yet answered to the caller (a change between two
+            polls; the admission answered ``queued``) is answered the same way, so no
+            change goes unseen for a whole wait. A grace during which the event loop was
+            saturated (its thread on the CPU for at least 90% of the time) is put off by
+            another grace, up to the poll's own wait: a busy server answers results rather
+            than progress. 0 answers every change at once. Finite and >= 0; default 1.0.
         header_read_timeout_sec: Once the first bytes of a request arrive, its headers must
             be complete within this many seconds, or the connection is closed (an idle
             keep-alive connection is not timed); finite and > 0; default 30.0.

@@ -311,6 +311,17 @@ class RolloutRegistry:
             err_message,
         )
 
+    def deliver_status(self, record: RolloutRecord) -> RolloutStatus:
+        """Note that a poll answers the current in-progress status of ``record`` (the
+        status-change grace then no longer applies to it: see
+        :meth:`LongPollWaits.begin <rollout_server._waiting.LongPollWaits.begin>`).
+
+        Returns:
+            That status.
+        """
+        status = record.delivered_status = record.status
+        return status
+
     def mark_delivered(self, record: RolloutRecord) -> None:
         """Note that a poll has returned the published result of ``record``."""
         if record.delivered:

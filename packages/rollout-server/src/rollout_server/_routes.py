@@ -199,7 +199,7 @@ class Routes:
                 waited = found.body is None and self._registry.renew(found)
                 if waited:
                     waits = self._waits
-                    wait = waits.begin(found, found.status, self._wait_sec)
+                    wait = waits.begin(found, self._wait_sec)
                     if wait is not None:
                         pause_keepalive_timer(request)
                         try:
@@ -296,7 +296,8 @@ class Routes:
                     return json_response(403, _BAD_LEASE_BODY)
                 record = current
             if record.body is None:
-                return json_response(200, progress_body(record.rollout_id, record.status))
+                status = registry.deliver_status(record)
+                return json_response(200, progress_body(record.rollout_id, status))
         body = record.body
         assert body is not None  # published: by now, or by the lapsed-lease check
         registry.mark_delivered(record)
