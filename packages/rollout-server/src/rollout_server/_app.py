@@ -29,6 +29,7 @@ from ._middleware import make_protocol_middleware
 from ._routes import Routes
 from ._server import DEFAULT_KEEPALIVE_TIMEOUT_SEC, DEFAULT_MAX_BODY_BYTES, RolloutServer
 from ._shutdown import ShutdownTimeouts
+from ._tracing import ServerTracing, default_tracer_provider
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 
 __all__ = ["ROLLOUT_SERVER_KEY", "create_rollout_server"]
@@ -75,6 +76,8 @@ def create_rollout_server(
     access_log: bool = False,
     shutdown_timeouts: ShutdownTimeouts | None = None,
     status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
+    metrics: bool = True,
+    tracer_provider: Any = None,
 ) -> web.Application:
     """Build the rollout protocol server as an aiohttp application.
 
@@ -102,6 +105,13 @@ def create_rollout_server(
             the time) is put off by another grace, up to the poll's own wait: a busy
             server answers results rather than progress. 0 answers every change at once
             (osmosis-ai's timing). Finite and >= 0; default 1.0.
+        metrics: Whether to serve Prometheus metrics at ``GET /metrics`` (behind the same
+            bearer auth as every route); default True.
+        tracer_provider: The OpenTelemetry ``TracerProvider`` of the server's spans
+            (the ``[otel]`` extra). Default None: the process's global provider when one
+            is set, else one configured from the ``OTEL_*`` environment variables (or
+            ``OSMOSIS_ROLLOUT_OTLP_ENDPOINT``) when they ask for an exporter, else no
+            tracing at all.
 
     Returns:
         The application; its :class:`RolloutServer` is ``app[ROLLOUT_SERVER_KEY]``.
@@ -111,6 +121,8 @@ def create_rollout_server(
         TypeError: If ``backend`` is not an :class:`ExecutionBackend`.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2
+       ``metrics`` and ``tracer_provider``.
     """
     if not isinstance(backend, ExecutionBackend):
         raise TypeError(
@@ -147,6 +159,7 @@ def create_rollout_server(
             f"shutdown_timeouts must be a ShutdownTimeouts; got {type(timeouts).__name__}"
         )
 
+    provider = default_tracer_provider() if tracer_provider is None else tracer_provider
     server = RolloutServer(
         backend=backend,
         result_wait_timeout_sec=wait,
@@ -157,6 +170,8 @@ def create_rollout_server(
         keepalive_timeout_sec=keepalive,
         access_log=bool(access_log),
         status_change_grace_sec=grace,
+        metrics=bool(metrics),
+        tracing=None if provider is None else ServerTracing(provider),
     )
     app = web.Application(
         middlewares=[make_protocol_middleware(api_key)],

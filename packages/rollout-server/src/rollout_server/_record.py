@@ -40,6 +40,7 @@ class RolloutRecord:
 
     Attributes:
         rollout_id: The admitted id.
+        admitted_at: When it was admitted, a :func:`time.monotonic` value (seconds).
         status: The current status (the published one once :attr:`published`).
         lease_deadline: Loop time (seconds) at which the polling lease lapses.
         body: The encoded result document once published, else None.
@@ -57,6 +58,7 @@ class RolloutRecord:
         "_retention_elapsed",
         "_retention_timer",
         "_waiters",
+        "admitted_at",
         "body",
         "delivered",
         "disposition",
@@ -68,8 +70,11 @@ class RolloutRecord:
         "task",
     )
 
-    def __init__(self, rollout_id: str, digest: bytes, lease_deadline: float) -> None:
+    def __init__(
+        self, rollout_id: str, digest: bytes, lease_deadline: float, admitted_at: float = 0.0
+    ) -> None:
         self.rollout_id = rollout_id
+        self.admitted_at = admitted_at
         self.status = RolloutStatus.QUEUED
         self.lease_deadline = lease_deadline
         self.body: bytes | None = None

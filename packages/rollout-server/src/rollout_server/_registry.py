@@ -17,7 +17,8 @@ served by a single loop timer), never sleeping tasks nor a loop timer each:
 
 A result is published exactly once: the first of the execution's end (the registry
 publishes it when the task is done, asking ``outcome_of`` what the execution produced),
-cancellation, lease expiry or shutdown wins.
+cancellation, lease expiry or shutdown wins. Its :class:`PublicationObserver` objects (the
+server's metrics and tracing) hear of each publication and first delivery.
 """
 
 from __future__ import annotations
@@ -27,17 +28,18 @@ import contextvars
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, Protocol
 
 from rollout_types import CancelDisposition, RolloutErrorCategory, RolloutSample, RolloutStatus
 
 from ._bodies import result_body
 from ._deadlines import FIRE_SLACK_SEC, DeadlineQueue
+from ._jsonlog import log_fields
 from ._record import ResultFields, RolloutRecord, token_digest
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC, LongPollWaits
 
-__all__ = ["RolloutRegistry"]
+__all__ = ["PublicationObserver", "RolloutRegistry"]
 
 logger: Final = logging.getLogger("rollout_server.registry")
 
@@ -59,6 +61,21 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+class PublicationObserver(Protocol):
+    """What the registry tells its observers (called on the loop; must not raise)."""
+
+    def published(
+        self,
+        record: RolloutRecord,
+        status: RolloutStatus,
+        category: RolloutErrorCategory | None,
+    ) -> None:
+        """The result of ``record`` has just been fixed, with this status and category."""
+
+    def delivered(self, record: RolloutRecord) -> None:
+        """A poll has returned the published result of ``record`` for the first time."""
+
+
 class RolloutRegistry:
     """Every admitted rollout of one server, by id.
 
@@ -78,6 +95,7 @@ class RolloutRegistry:
             :data:`~rollout_server._waiting.DEFAULT_STATUS_CHANGE_GRACE_SEC`.
         loop_cpu_clock: CPU seconds used so far by the thread that runs the event loop,
             read on that thread; default :func:`time.thread_time`.
+        observers: Told of every publication and first delivery; default none.
 
     Attributes:
         waits: The waiting long polls (the result route begins and ends each wait there).
@@ -95,6 +113,7 @@ class RolloutRegistry:
         outcome_of: Callable[[str, asyncio.Task[Any]], ResultFields | None] = _no_outcome,
         status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
         loop_cpu_clock: Callable[[], float] = time.thread_time,
+        observers: Sequence[PublicationObserver] = (),
     ) -> None:
         self._deadlines = DeadlineQueue()
         self.waits = LongPollWaits(
@@ -115,6 +134,8 @@ class RolloutRegistry:
         self._delivered: asyncio.Future[None] | None = None
         self._removal_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
+        self._uncollected = 0
+        self._observers = tuple(observers)
         # Bound once, and one context for every task's done callback (it reads no context
         # variable): per rollout, a bound method costs 64 bytes and a copied context 72.
         self._lease_callback = self._on_lease_timer
@@ -151,6 +172,16 @@ class RolloutRegistry:
         return len(self._tasks)
 
     @property
+    def uncollected(self) -> int:
+        """How many held results are published and not yet returned by any poll."""
+        return self._uncollected
+
+    def in_flight(self) -> Iterable[RolloutRecord]:
+        """The records whose execution task has not completed (a live view: iterate it
+        without awaiting in between)."""
+        return self._tasks.values()
+
+    @property
     def undelivered(self) -> int:
         """How many results published since :meth:`start_collecting` no poll has returned."""
         return self._undelivered
@@ -161,6 +192,7 @@ class RolloutRegistry:
         self,
         rollout_id: str,
         start: Callable[[RolloutRecord], asyncio.Task[Any]],
+        admitted_at: float | None = None,
     ) -> tuple[RolloutRecord, str]:
         """Admit ``rollout_id``: create its record and lease and start its execution task.
 
@@ -170,13 +202,19 @@ class RolloutRegistry:
         Args:
             rollout_id: The id to admit.
             start: Creates the execution task of the new record on :attr:`loop`.
+            admitted_at: The admission's :func:`time.monotonic` stamp; default now.
 
         Returns:
             The record and the lease token (43 characters of base64url).
         """
         loop = self.loop
         token = secrets.token_urlsafe(TOKEN_BYTES)
-        record = RolloutRecord(rollout_id, token_digest(token), loop.time() + self._lease_sec)
+        record = RolloutRecord(
+            rollout_id,
+            token_digest(token),
+            loop.time() + self._lease_sec,
+            time.monotonic() if admitted_at is None else admitted_at,
+        )
         self._records[rollout_id] = record
         try:
             task = start(record)
@@ -272,12 +310,15 @@ class RolloutRegistry:
         if self._collecting:
             record._collect_pending = True
             self._undelivered += 1
+        self._uncollected += 1
         self.waits.wake(record)
         if not self._closed:
             loop = self.loop
             record._retention_timer = self._deadlines.add(
                 loop, loop.time() + self._retention_sec, self._on_retention_elapsed, record
             )
+        for observer in self._observers:
+            observer.published(record, status, err_category)
         return True
 
     def mark_delivered(self, record: RolloutRecord) -> None:
@@ -285,10 +326,13 @@ class RolloutRegistry:
         if record.delivered:
             return
         record.delivered = True
+        self._uncollected -= 1
         if record._collect_pending:
             self._undelivered -= 1
             if self._undelivered == 0 and self._delivered is not None:
                 _resolve(self._delivered)
+        for observer in self._observers:
+            observer.delivered(record)
 
     # -- leases ---------------------------------------------------------------------------
 
@@ -326,7 +370,9 @@ class RolloutRegistry:
             err_category=RolloutErrorCategory.LEASE_EXPIRED,
         ):
             logger.info(
-                "Rollout %s: polling lease expired; requesting cancellation", record.rollout_id
+                "Rollout %s: polling lease expired; requesting cancellation",
+                record.rollout_id,
+                extra=log_fields(record.rollout_id, "failure", "lease_expired"),
             )
             self._on_lease_expired(record)
 
@@ -395,7 +441,9 @@ class RolloutRegistry:
             elif self.publish(
                 record, status=RolloutStatus.CANCELLED, err_message=CANCELLED_MESSAGE
             ):
-                logger.info("Rollout %s cancelled", rollout_id)
+                logger.info(
+                    "Rollout %s cancelled", rollout_id, extra=log_fields(rollout_id, "cancelled")
+                )
             return
         exc = task.exception()
         if exc is None or isinstance(exc, Exception):
@@ -415,12 +463,24 @@ class RolloutRegistry:
                         err_category=fields.err_category,
                     ):
                         logger.info(
-                            "Rollout %s finished with status %s", rollout_id, fields.status.value
+                            "Rollout %s finished with status %s",
+                            rollout_id,
+                            fields.status.value,
+                            extra=log_fields(rollout_id, fields.status, fields.err_category),
                         )
                     return
-                logger.error("Rollout task for %s ended without a result", rollout_id)
+                logger.error(
+                    "Rollout task for %s ended without a result",
+                    rollout_id,
+                    extra=log_fields(rollout_id, "failure", "internal_error"),
+                )
         else:
-            logger.error("Rollout task for %s crashed", rollout_id, exc_info=exc)
+            logger.error(
+                "Rollout task for %s crashed",
+                rollout_id,
+                exc_info=exc,
+                extra=log_fields(rollout_id, "failure", "internal_error"),
+            )
         self.publish(
             record,
             status=RolloutStatus.FAILURE,
@@ -438,6 +498,8 @@ class RolloutRegistry:
         if self._records.get(record.rollout_id) is not record:
             return
         del self._records[record.rollout_id]
+        if not record.delivered:
+            self._uncollected -= 1
         if record._collect_pending and not record.delivered:
             record._collect_pending = False
             self._undelivered -= 1

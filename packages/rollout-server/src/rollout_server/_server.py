@@ -3,18 +3,21 @@
 It holds the registry, the backend, the server's identity and its settings, and does what
 the routes ask of it: admit a rollout, cancel a selection (through its
 :class:`~rollout_server._cancellation.Cancellation`), describe its health. It also runs
-the staged shutdown (:mod:`rollout_server._shutdown`) once. It knows no HTTP: the routes
+the staged shutdown (:mod:`rollout_server._shutdown`) once, and owns the server's
+metrics (:mod:`rollout_server._metrics`) and tracing (:mod:`rollout_server._tracing`),
+which observe the registry, the cancellations and every execution. It knows no HTTP: the routes
 (:mod:`rollout_server._routes`) and the app (:mod:`rollout_server._app`) sit on top of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 import uuid
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from rollout_types import (
@@ -29,10 +32,13 @@ from rollout_types import (
 from ._backend import ExecutionBackend, ExecutionRequest
 from ._cancellation import Cancellation
 from ._execution import StatusSink, execution_result, start_execution
+from ._metrics import ServerMetrics
+from ._observer import NO_OBSERVER, ExecutionObserver
 from ._record import RolloutRecord
-from ._registry import RolloutRegistry
+from ._registry import PublicationObserver, RolloutRegistry
 from ._sanitize import fit_json
 from ._shutdown import ShutdownTimeouts, run_staged_shutdown
+from ._tracing import ServerTracing
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 
 __all__ = [
@@ -58,6 +64,13 @@ DEFAULT_RETRY_AFTER_SEC: Final = 5.0
 INSTANCE_ID_ENV_VARS: Final = ("ROLLOUT_INSTANCE_ID", "_OSMOSIS_ROLLOUT_INSTANCE_ID")
 """Environment variables read for ``/health`` ``instance_id``; the first non-empty wins
 (``_OSMOSIS_ROLLOUT_INSTANCE_ID`` is what ``osmosis eval run`` sets)."""
+
+
+_NOT_TRACED: Final = contextlib.nullcontext()
+
+
+def _not_traced(_record: RolloutRecord) -> contextlib.AbstractContextManager[None]:
+    return _NOT_TRACED
 
 
 def _instance_id_from_env() -> str | None:
@@ -87,6 +100,8 @@ class RolloutServer:
             status change, for a result that may follow, seconds (put off while the event
             loop is saturated).
         shutdown_timeouts: Bounds of the staged shutdown.
+        metrics: The Prometheus metrics (``GET /metrics``), or None when turned off.
+        tracing: The OpenTelemetry spans of the server, or None when it does not trace.
     """
 
     def __init__(
@@ -101,6 +116,8 @@ class RolloutServer:
         keepalive_timeout_sec: float = DEFAULT_KEEPALIVE_TIMEOUT_SEC,
         access_log: bool = False,
         status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
+        metrics: bool = True,
+        tracing: ServerTracing | None = None,
     ) -> None:
         self.backend = backend
         self.result_wait_timeout_sec = result_wait_timeout_sec
@@ -113,14 +130,29 @@ class RolloutServer:
         self.status_change_grace_sec = status_change_grace_sec
         self.process_id = str(uuid.uuid4())
         self.instance_id = _instance_id_from_env() or self.process_id
+        self.metrics = ServerMetrics(self) if metrics else None
+        self.tracing = tracing
+        observers: list[PublicationObserver] = [
+            observer for observer in (self.metrics, tracing) if observer is not None
+        ]
         self.registry = RolloutRegistry(
             polling_lease_timeout_sec=polling_lease_timeout_sec,
             result_retention_sec=result_retention_sec,
             on_lease_expired=self._on_lease_expired,
             outcome_of=execution_result,
             status_change_grace_sec=status_change_grace_sec,
+            observers=observers,
         )
-        self._cancellation = Cancellation(registry=self.registry, backend=backend, spawn=self.spawn)
+        self._cancellation = Cancellation(
+            registry=self.registry,
+            backend=backend,
+            spawn=self.spawn,
+            on_answered=None if self.metrics is None else self.metrics.cancelled,
+        )
+        self._observer: ExecutionObserver = NO_OBSERVER if self.metrics is None else self.metrics
+        self._trace_scope: Callable[[RolloutRecord], contextlib.AbstractContextManager[None]] = (
+            _not_traced if tracing is None else tracing.rollout_scope
+        )
         self._accepting = True
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self._drain_task: asyncio.Task[None] | None = None
@@ -150,6 +182,8 @@ class RolloutServer:
         """
         registry = self.registry
         backend = self.backend
+        observer = self._observer
+        trace_scope = self._trace_scope
         admitted_at = time.monotonic()
 
         def start(record: RolloutRecord) -> asyncio.Task[Any]:
@@ -166,16 +200,19 @@ class RolloutServer:
                 request_extra_fields=init.extra_fields,
                 admitted_at=admitted_at,
                 on_status=StatusSink(registry, record),
+                observer=observer,
             )
-            return start_execution(
-                registry=registry,
-                backend=backend,
-                record=record,
-                request=request,
-                process_id=self.process_id,
-            )
+            # Traced: the task's context gets the rollout's span (and the server's tracer).
+            with trace_scope(record):
+                return start_execution(
+                    registry=registry,
+                    backend=backend,
+                    record=record,
+                    request=request,
+                    process_id=self.process_id,
+                )
 
-        _record, token = registry.register(init.rollout_id, start)
+        _record, token = registry.register(init.rollout_id, start, admitted_at)
         return token
 
     # -- cancellation ---------------------------------------------------------------------
@@ -231,6 +268,11 @@ class RolloutServer:
         )
 
     # -- shutdown -------------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """True while the staged shutdown runs."""
+        return self._drain_task is not None and not self._drain_task.done()
 
     def begin_shutdown(self) -> None:
         """Close admissions (503 from now on); result polls keep being served."""
