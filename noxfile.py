@@ -38,6 +38,9 @@ from compatibility import (
 
 PYTHONS = ["3.11", "3.12", "3.13"]
 TEST_DEPS = ["pytest>=8", "pytest-aiohttp>=1.0", "hypothesis>=6"]
+SERVER_TEST_EXTRA = "otel"
+"""The rollout-server extra its tests install: the tracing tests need OpenTelemetry (the
+tests of the extra's absence hide it)."""
 LINT_PATHS = ["packages", "tests", "noxfile.py", "run.py", "tools", "examples", "benchmarks"]
 
 
@@ -169,7 +172,7 @@ def typecheck(session: nox.Session) -> None:
         "-e",
         str(PACKAGES["rollout-client"]),
         "-e",
-        str(PACKAGES["rollout-server"]),
+        f"{PACKAGES['rollout-server']}[{SERVER_TEST_EXTRA}]",
     )
     session.run(
         "mypy",
@@ -201,8 +204,11 @@ def tests_client(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS)
 def tests_server(session: nox.Session) -> None:
-    """rollout-server's own tests, with only rollout-server and rollout-types installed."""
-    install_wheels(session, "rollout-types", "rollout-server")
+    """rollout-server's own tests, with only rollout-server (and its ``[otel]`` extra) and
+    rollout-types installed."""
+    install_wheels(
+        session, "rollout-types", "rollout-server", extras={"rollout-server": SERVER_TEST_EXTRA}
+    )
     session.install(*TEST_DEPS)
     run_pytest(session, "packages/rollout-server/tests")
 
@@ -211,7 +217,13 @@ def tests_server(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Cross-package tests (client against server, the eval job, the demo) from wheels, and
     the benchmark harness's smoke test (tiny counts, times nothing)."""
-    install_wheels(session, "rollout-types", "rollout-client", "rollout-server")
+    install_wheels(
+        session,
+        "rollout-types",
+        "rollout-client",
+        "rollout-server",
+        extras={"rollout-server": SERVER_TEST_EXTRA},
+    )
     session.install(*TEST_DEPS)
     run_pytest(
         session,
