@@ -183,8 +183,8 @@ class TestPublications:
         )
         await harness.backend.started("gone")
         assert (await harness.cancel({"ids": ["gone"]})).status == 200
-        for rid in tokens:
-            await harness.poll_until(rid, tokens[rid], "success", "failure", "cancelled")
+        for rid, token in tokens.items():
+            await harness.poll_until(rid, token, "success", "failure", "cancelled")
         scraped = await scrape(harness)
         assert scraped.value("rollout_finished_total", status="success", category="none") == 1
         assert scraped.value("rollout_finished_total", status="failure", category="http_error") == 1
