@@ -97,8 +97,8 @@ class RolloutContext:
         When the server traces (OpenTelemetry, the ``[otel]`` extra), the block runs in a
         client span ``chat <model>`` under the rollout's ``workflow`` span, and the headers
         carry its ``traceparent`` (and ``tracestate``): a model server that reads them
-        (vLLM, SGLang) puts its own spans in the same trace as the trainer's request and
-        this rollout. An exception leaving the block marks the span failed. Otherwise the
+        (vLLM with ``--otlp-traces-endpoint``) puts its own spans in the same trace as the
+        trainer's request and this rollout. An exception leaving the block marks the span failed. Otherwise the
         headers are empty and nothing is recorded.
 
         Args:

@@ -12,8 +12,8 @@ The spans of a traced server (tracer ``rollout_server``), each with ``rollout.id
   the status and category);
 * ``chat`` / ``chat <model>`` (kind CLIENT): one per model call a workflow makes inside
   :meth:`RolloutContext.model_call() <rollout_server.RolloutContext.model_call>`, child of
-  ``workflow``; the block's headers carry that span's ``traceparent``, so the model
-  server's spans (vLLM, SGLang) join the same trace.
+  ``workflow``; the block's headers carry that span's ``traceparent``, so the spans of a
+  model server that reads it (vLLM with ``--otlp-traces-endpoint``) join the same trace.
 
 Which tracer provider a server uses (:func:`default_tracer_provider`): the one passed to
 ``create_rollout_server(tracer_provider=...)``; else the process's global provider when
