@@ -10,11 +10,14 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchmarks.processes import ServerProcess
 from benchmarks.report import Target, floor_table, rows_for, summary_records, validate_record
 from benchmarks.stats import percentile, summarize
 from benchmarks.suite import FLOOR, FULL, POOL_SHAPES, QUICK, TINY, plan_runs
@@ -252,6 +255,33 @@ class TestTinySuite:
         pool_runs = [r for r in runs if r["workloads"] == ["pool"]]
         assert [(r["pool"], r["servers"]) for r in pool_runs] == list(POOL_SHAPES)
         assert "| RolloutClientPool → 2 servers |" in table
+
+    def test_ours_serve_args_reach_the_server_and_the_report(self, tmp_path: Path) -> None:
+        """``--ours-serve-arg`` is recorded with the figures and named in the table, and
+        our server gets it: with ``--no-metrics`` it has no ``/metrics``."""
+        records = run_suite(
+            tmp_path,
+            "--stacks",
+            "ours",
+            "--workload",
+            "throughput",
+            "--ours-serve-arg=--no-metrics",
+        )
+        assert_well_formed(records)
+        assert records[0]["ours_serve_args"] == ["--no-metrics"]
+        assert "`rollout-server serve --no-metrics`" in (tmp_path / "latest.md").read_text("utf-8")
+        answers = {}
+        for args in ((), ("--no-metrics",)):
+            with ServerProcess(
+                stack="ours", python=sys.executable, log_path=tmp_path / "s.log", serve_args=args
+            ) as server:
+                try:
+                    url = f"{server.url}/metrics"  # http://127.0.0.1:<port>
+                    with urllib.request.urlopen(url, timeout=10) as reply:  # noqa: S310
+                        answers[args] = reply.status
+                except urllib.error.HTTPError as error:
+                    answers[args] = error.code
+        assert answers == {(): 200, ("--no-metrics",): 404}
 
     @pytest.mark.osmosis
     def test_both_stacks_and_cross_pairs(self, tmp_path: Path) -> None:
