@@ -283,6 +283,37 @@ class TestTinySuite:
                     answers[args] = error.code
         assert answers == {(): 200, ("--no-metrics",): 404}
 
+    def test_paired_runs_two_configurations_side_by_side(self) -> None:
+        """``benchmarks.paired`` drives both servers in alternating batches and reports
+        each one's rate and CPU per rollout and the per-pair CPU ratio."""
+        completed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.paired",
+                "--rounds",
+                "2",
+                "--batch",
+                "4",
+                "--warmup",
+                "2",
+                "--b-arg=--no-metrics",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=RUN_BOUND_SEC,
+            check=False,
+        )
+        assert completed.returncode == 0, completed.stdout + completed.stderr
+        report = json.loads(completed.stdout)
+        assert (report["a_args"], report["b_args"]) == ([], ["--no-metrics"])
+        assert {len(values) for values in report["cpu_ms_per_batch"].values()} == {2}
+        for figure in ("rollouts_per_sec", "server_cpu_ms_per_rollout"):
+            assert set(report[figure]) == {"a", "b"}
+            assert report[figure]["a"]["min"] <= report[figure]["a"]["median"]
+        assert set(report["cpu_ratio_a_over_b"]) <= {"median", "min", "max"}
+
     @pytest.mark.osmosis
     def test_both_stacks_and_cross_pairs(self, tmp_path: Path) -> None:
         """With the osmosis-ai venv, both stacks and both cross pairs run and give ratios."""

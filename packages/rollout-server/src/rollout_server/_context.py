@@ -98,8 +98,8 @@ class RolloutContext:
         client span ``chat <model>`` under the rollout's ``workflow`` span, and the headers
         carry its ``traceparent`` (and ``tracestate``): a model server that reads them
         (vLLM with ``--otlp-traces-endpoint``) puts its own spans in the same trace as the
-        trainer's request and this rollout. An exception leaving the block marks the span failed. Otherwise the
-        headers are empty and nothing is recorded.
+        trainer's request and this rollout. An exception leaving the block marks the span
+        failed. Otherwise the headers are empty and nothing is recorded.
 
         Args:
             model: The model requested, for the span's name and ``gen_ai.request.model``.

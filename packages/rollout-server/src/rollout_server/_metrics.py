@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -41,6 +40,7 @@ from ._backend import ExecutionBackend
 from ._observer import ExecutionObserver
 from ._record import RolloutRecord
 from ._registry import RolloutRegistry
+from ._trajectory import writer_version
 
 __all__ = [
     "ADMISSION_CODES",
@@ -100,13 +100,6 @@ class MetricsSource(Protocol):
         ...
 
 
-def _server_version() -> str:
-    try:
-        return version("rollout-server")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "0.0.0"
-
-
 def _count(value: Any) -> float | None:
     """A capacity figure of ``backend.health()`` as a number, or None (absent, unbounded)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -119,7 +112,7 @@ class _StateCollector(Collector):
 
     def __init__(self, source: MetricsSource) -> None:
         self._source = source
-        self._info = {"version": _server_version(), "protocol_version": PROTOCOL_VERSION}
+        self._info = {"version": writer_version(), "protocol_version": PROTOCOL_VERSION}
 
     def describe(self) -> list[Metric]:
         """No fixed description: the backend gauges appear only when it reports them."""

@@ -3,9 +3,9 @@
 It holds the registry, the backend, the server's identity and its settings, and does what
 the routes ask of it: admit a rollout, cancel a selection (through its
 :class:`~rollout_server._cancellation.Cancellation`), describe its health. It also runs
-the staged shutdown (:mod:`rollout_server._shutdown`) once, and owns the server's
-metrics (:mod:`rollout_server._metrics`) and tracing (:mod:`rollout_server._tracing`),
-which observe the registry, the cancellations and every execution. It knows no HTTP: the routes
+the staged shutdown (:mod:`rollout_server._shutdown`) once, and owns the server's metrics
+(:mod:`rollout_server._metrics`) and tracing (:mod:`rollout_server._tracing`), which
+observe the registry, the cancellations and every execution. It knows no HTTP: the routes
 (:mod:`rollout_server._routes`) and the app (:mod:`rollout_server._app`) sit on top of it.
 """
 

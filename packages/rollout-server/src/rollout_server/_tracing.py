@@ -35,8 +35,9 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
+
+from ._trajectory import writer_version
 
 __all__ = [
     "OSMOSIS_OTLP_ENDPOINT_ENV",
@@ -200,13 +201,6 @@ def current_trace_ids() -> tuple[str, str] | None:
 # -- the server's spans ---------------------------------------------------------------------
 
 
-def _writer_version() -> str:
-    try:
-        return version("rollout-server")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "0.0.0"
-
-
 class _Admission:
     """The ``POST /rollout`` span while the admission is answered."""
 
@@ -279,7 +273,7 @@ class ServerTracing:
 
     def __init__(self, provider: Any) -> None:
         self.api = _load()
-        self.tracer: Any = provider.get_tracer("rollout_server", _writer_version())
+        self.tracer: Any = provider.get_tracer("rollout_server", writer_version())
         self.spans: dict[Any, Any] = {}
         """The ``rollout`` span of each admitted rollout until its publication."""
 

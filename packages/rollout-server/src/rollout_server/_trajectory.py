@@ -76,6 +76,7 @@ __all__ = [
     "make_directory",
     "write_json_atomic",
     "write_rollout_files",
+    "writer_version",
 ]
 
 logger: Final = logging.getLogger("rollout_server.trajectory")
@@ -125,7 +126,8 @@ def _phase(result: ExecutionResult | None) -> dict[str, Any] | None:
 
 
 @functools.cache
-def _writer_version() -> str:
+def writer_version() -> str:
+    """The installed rollout-server version ("0.0.0" from a source tree)."""
     # Cached: importlib.metadata scans sys.path on every call (a sixth of a trajectory
     # write's CPU in the benchmarks' profile).
     try:
@@ -184,7 +186,7 @@ def build_trajectory(
         "phases": {"workflow": _phase(workflow), "grader": _phase(grader)},
         "timings": dict(timings),
         "saved_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
-        "writer": {"name": "rollout-server", "version": _writer_version()},
+        "writer": {"name": "rollout-server", "version": writer_version()},
     }
 
 
