@@ -267,20 +267,23 @@ class TestGauges:
         assert (await scrape(harness)).value("rollout_long_polls_waiting") == 0.0
 
     async def test_draining_while_the_staged_shutdown_runs(self, harness: Any) -> None:
-        """``rollout_draining`` is 1 while the drain waits for an active rollout."""
+        """``rollout_draining`` is 1 (and ``rollout_accepting`` 0) while the drain waits for
+        an active rollout, and 0 once it is over."""
         await harness.admit("r1")
         run = await harness.backend.started("r1")
         drain = asyncio.ensure_future(harness.server.drain(collect=False))
         try:
-            scraped = await until_metric(harness, lambda s: s.value("rollout_draining") == 1.0)
-            assert scraped.value("rollout_accepting") == 0.0
+            await until_metric(
+                harness,
+                lambda s: (s.value("rollout_draining"), s.value("rollout_accepting")) == (1, 0),
+            )
             run.succeed()
             async with asyncio.timeout(EVENT_SEC):
                 await drain
         finally:
             if not drain.done():
                 drain.cancel()
-        assert harness.server.draining is False
+        assert (await scrape(harness)).value("rollout_draining") == 0.0
 
     async def test_a_backend_without_capacity_figures_exports_none(self, harness: Any) -> None:
         """A backend whose health has no ``concurrency`` exports no capacity gauges, and a
