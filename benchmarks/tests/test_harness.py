@@ -27,10 +27,10 @@ OSMOSIS_PYTHON_ENV = "ROLLOUT_INTEROP_OSMOSIS_PYTHON"
 RUN_BOUND_SEC = 300
 
 
-def run_suite(out_dir: Path, *args: str) -> list[dict[str, Any]]:
-    """Run ``python -m benchmarks --profile tiny *args`` and return the records it wrote."""
+def run_module(module: str, *args: str) -> str:
+    """Run ``python -m <module> *args`` from the repository root; return its stdout."""
     completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--profile", "tiny", "--out-dir", str(out_dir), *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -38,6 +38,12 @@ def run_suite(out_dir: Path, *args: str) -> list[dict[str, Any]]:
         check=False,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed.stdout
+
+
+def run_suite(out_dir: Path, *args: str) -> list[dict[str, Any]]:
+    """Run ``python -m benchmarks --profile tiny *args`` and return the records it wrote."""
+    run_module("benchmarks", "--profile", "tiny", "--out-dir", str(out_dir), *args)
     lines = (out_dir / "latest.jsonl").read_text("utf-8").splitlines()
     return [json.loads(line) for line in lines]
 
@@ -286,27 +292,17 @@ class TestTinySuite:
     def test_paired_runs_two_configurations_side_by_side(self) -> None:
         """``benchmarks.paired`` drives both servers in alternating batches and reports
         each one's rate and CPU per rollout and the per-pair CPU ratio."""
-        completed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.paired",
-                "--rounds",
-                "2",
-                "--batch",
-                "4",
-                "--warmup",
-                "2",
-                "--b-arg=--no-metrics",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=RUN_BOUND_SEC,
-            check=False,
+        stdout = run_module(
+            "benchmarks.paired",
+            "--rounds",
+            "2",
+            "--batch",
+            "4",
+            "--warmup",
+            "2",
+            "--b-arg=--no-metrics",
         )
-        assert completed.returncode == 0, completed.stdout + completed.stderr
-        report = json.loads(completed.stdout)
+        report = json.loads(stdout)
         assert (report["a_args"], report["b_args"]) == ([], ["--no-metrics"])
         assert {len(values) for values in report["cpu_ms_per_batch"].values()} == {2}
         for figure in ("rollouts_per_sec", "server_cpu_ms_per_rollout"):
