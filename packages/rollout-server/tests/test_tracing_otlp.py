@@ -40,6 +40,9 @@ EVENT_SEC = 20.0
 START_SEC = 60.0
 LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
 
+NO_PROXY = "127.0.0.1,localhost"
+"""Set for the exporter, whose HTTP client would send 127.0.0.1 through a configured proxy."""
+
 CALLER_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN_ID = "b7ad6b7169203331"
 
@@ -90,9 +93,12 @@ async def receiver(aiohttp_server: Any) -> Receiver:
 
 
 class TestOsmosisEndpoint:
-    async def test_spans_reach_the_endpoint_osmosis_servers_read(self, receiver: Receiver) -> None:
+    async def test_spans_reach_the_endpoint_osmosis_servers_read(
+        self, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """``OSMOSIS_ROLLOUT_OTLP_ENDPOINT`` alone makes the spans go to
         ``<endpoint>/v1/traces`` as OTLP/HTTP protobuf, from service ``rollout-server``."""
+        monkeypatch.setenv("NO_PROXY", NO_PROXY)  # the exporter's HTTP client reads proxies
         provider = provider_from_environment({"OSMOSIS_ROLLOUT_OTLP_ENDPOINT": receiver.url + "/"})
         assert provider is not None
         try:
@@ -208,6 +214,7 @@ class TestServeExportsOverOtlp:
         chat_app.router.add_post("/v1/chat/completions", complete)
         chat = await aiohttp_server(chat_app, host="127.0.0.1")
         env = {
+            "NO_PROXY": NO_PROXY,
             "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
             "OTEL_BSP_SCHEDULE_DELAY": "50",
             "OTEL_SERVICE_NAME": "rollouts-under-test",
