@@ -17,6 +17,7 @@ from ._context import (
 from ._errors import RolloutServerError, ServerConfigError, ServeTargetError
 from ._grader import Grader, GraderConfig, GraderContext
 from ._local_backend import LocalBackend
+from ._observer import ExecutionObserver
 from ._server import RolloutServer
 from ._shutdown import ShutdownTimeouts
 from ._workflow import (
@@ -39,6 +40,7 @@ __all__ = [
     "AgentWorkflowOutput",
     "ConcurrencyConfig",
     "ExecutionBackend",
+    "ExecutionObserver",
     "ExecutionOutcome",
     "ExecutionRequest",
     "ExecutionResult",
