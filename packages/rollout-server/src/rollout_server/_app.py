@@ -201,6 +201,7 @@ def create_rollout_server(
     guard = ConnectionGuard(
         header_read_timeout_sec=header_sec,
         max_line_bytes=MAX_REQUEST_LINE_BYTES,
+        on_refused=None if server.metrics is None else server.metrics.http_refused,
     )
     install_request_handler(app, guard.handler)
     app[ROLLOUT_SERVER_KEY] = server

@@ -44,6 +44,7 @@ from ._registry import RolloutRegistry
 __all__ = [
     "ADMISSION_CODES",
     "FILE_BUCKETS_SEC",
+    "HTTP_REFUSAL_REASONS",
     "LATENCY_BUCKETS_SEC",
     "NO_CATEGORY",
     "MetricsSource",
@@ -65,8 +66,12 @@ FILE_BUCKETS_SEC: Final = (
 """Upper bounds (seconds) of the trajectory-write histogram: tens of microseconds on a
 local disk, up to the 10 s bound of a file job."""
 
-ADMISSION_CODES: Final = (202, 400, 409, 413, 422, 429, 500, 503)
+ADMISSION_CODES: Final = (202, 400, 408, 409, 413, 422, 429, 500, 503)
 """The answers ``POST /rollout`` gives after the middleware (each counted from 0)."""
+
+HTTP_REFUSAL_REASONS: Final = ("bad_request", "header_timeout")
+"""Why a request was refused before any route (:mod:`rollout_server._connection`): it
+could not be parsed (a JSON 400), or its headers did not arrive in time (closed)."""
 
 NO_CATEGORY: Final = "none"
 """The ``category`` label of a rollout finished without an error category."""
@@ -216,6 +221,7 @@ class ServerMetrics(ExecutionObserver):
         "_finished",
         "_finished_total",
         "_grading",
+        "_http_refusals",
         "_lease_expiries",
         "_publication",
         "_queue_wait",
@@ -230,7 +236,8 @@ class ServerMetrics(ExecutionObserver):
         admissions = self._admissions_total = Counter(
             "rollout_admissions",
             "Answers to POST /rollout, by status code (202 admitted; 409 duplicate; "
-            "422/400/413 bad request; 429 backend full; 503 shutting down).",
+            "422/400/413 bad request; 408 body too slow; 429 backend full; 503 shutting "
+            "down; 500 internal error).",
             ["code"],
             registry=registry,
         )
@@ -246,6 +253,14 @@ class ServerMetrics(ExecutionObserver):
             self._finished_child(status.value, NO_CATEGORY)
         for category in RolloutErrorCategory:
             self._finished_child(RolloutStatus.FAILURE.value, category.value)
+        refusals = Counter(
+            "rollout_http_refusals",
+            "Requests refused before any route: bad_request (unparsable, a 400) or "
+            "header_timeout (headers not complete within the header read timeout).",
+            ["reason"],
+            registry=registry,
+        )
+        self._http_refusals = {reason: refusals.labels(reason) for reason in HTTP_REFUSAL_REASONS}
         self._lease_expiries = Counter(
             "rollout_lease_expiries",
             "Rollouts published as failure / lease_expired (no poll within the lease).",
@@ -330,6 +345,11 @@ class ServerMetrics(ExecutionObserver):
         if child is None:  # an answer the table does not list: counted all the same
             child = self._admissions[code] = self._admissions_total.labels(str(code))
         child.inc()
+
+    def http_refused(self, reason: str) -> None:
+        """A request was refused before any route, for ``reason`` (one of
+        :data:`HTTP_REFUSAL_REASONS`)."""
+        self._http_refusals[reason].inc()
 
     def published(
         self,
