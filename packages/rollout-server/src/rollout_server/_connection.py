@@ -264,7 +264,7 @@ class GuardedRequestHandler(web.RequestHandler):
         if isinstance(exc, BaseException) and peer_error(exc):
             self._guard.peer_error(
                 f"A request body could not be read ({type(exc).__name__})",
-                _peer_host(self.peername),
+                _peer_host(self.transport),
             )
             return
         super().log_exception(*args, **kw)
@@ -283,12 +283,17 @@ class GuardedRequestHandler(web.RequestHandler):
             "header_timeout",
             "Closed a connection whose request headers did not arrive within "
             f"{self._guard.header_read_timeout_sec:g} s",
-            _peer_host(self.peername),
+            _peer_host(self.transport),
         )
         self.force_close()
 
 
-def _peer_host(peername: Any) -> str | None:
+def _peer_host(transport: asyncio.BaseTransport | None) -> str | None:
+    """The peer's address (host) of a connection's transport, None once it is gone.
+
+    Read from the transport (asyncio's API): aiohttp 3.10 has no ``RequestHandler.peername``.
+    """
+    peername = None if transport is None else transport.get_extra_info("peername")
     if isinstance(peername, list | tuple) and peername:
         return str(peername[0])
     return None if peername is None else str(peername)
