@@ -34,9 +34,10 @@ class TestJsonFormatter:
         and the rollout's id, status and category as strings."""
         line = JsonFormatter().format(
             record(
-                "Rollout %s finished with status %s",
+                "Rollout %s finished: status=%s err_category=%s",
                 "r1",
                 "failure",
+                "timeout",
                 **log_fields("r1", RolloutStatus.FAILURE, RolloutErrorCategory.TIMEOUT),
             )
         )
@@ -45,7 +46,7 @@ class TestJsonFormatter:
             "timestamp": "2026-05-28T20:26:40.250Z",
             "level": "INFO",
             "logger": "rollout_server.registry",
-            "message": "Rollout r1 finished with status failure",
+            "message": "Rollout r1 finished: status=failure err_category=timeout",
             "rollout_id": "r1",
             "status": "failure",
             "category": "timeout",
