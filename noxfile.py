@@ -50,6 +50,9 @@ MYPY = "mypy==2.4.1"
 ATIF_MODELS = "atif>=1.8,<1.9"
 """Pydantic models of ATIF, the format of the server's ``trajectory.json``: rollout-server's
 tests validate the documents it writes against them (test-only; the server needs none)."""
+TEST_EXTRAS = {"rollout-server": "otel"}
+"""The extra each distribution's tests install with it: rollout-server's tracing tests need
+OpenTelemetry (the tests of the extra's absence hide it)."""
 LINT_PATHS = ["packages", "tests", "noxfile.py", "run.py", "tools", "examples", "benchmarks"]
 
 
@@ -208,7 +211,7 @@ def typecheck(session: nox.Session) -> None:
         "-e",
         str(PACKAGES["rollout-client"]),
         "-e",
-        str(PACKAGES["rollout-server"]),
+        f"{PACKAGES['rollout-server']}[{TEST_EXTRAS['rollout-server']}]",
     )
     session.run(
         "mypy",
@@ -242,8 +245,9 @@ def tests_client(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS)
 def tests_server(session: nox.Session) -> None:
-    """rollout-server's own tests, with only rollout-server and rollout-types installed."""
-    install_wheels(session, "rollout-types", "rollout-server")
+    """rollout-server's own tests, with only rollout-server (and its ``[otel]`` extra) and
+    rollout-types installed."""
+    install_wheels(session, "rollout-types", "rollout-server", extras=TEST_EXTRAS)
     session.install(*TEST_DEPS, ATIF_MODELS)
     run_pytest(session, "packages/rollout-server/tests")
 
@@ -252,7 +256,13 @@ def tests_server(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Cross-package tests (client against server, the eval job, the demo) from wheels, and
     the benchmark harness's smoke test (tiny counts, times nothing)."""
-    install_wheels(session, "rollout-types", "rollout-client", "rollout-server")
+    install_wheels(
+        session,
+        "rollout-types",
+        "rollout-client",
+        "rollout-server",
+        extras=TEST_EXTRAS,
+    )
     session.install(*TEST_DEPS)
     run_pytest(
         session,
@@ -322,22 +332,24 @@ def report_browser(session: nox.Session) -> None:
 FLOOR_SUITES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "rollout-types": (("rollout-types",), ()),
     "rollout-client": (("rollout-types", "rollout-client"), ("uvloop",)),
-    "rollout-server": (("rollout-types", "rollout-server"), ()),
+    "rollout-server": (("rollout-types", "rollout-server"), (ATIF_MODELS,)),
 }
 """Per distribution under test: the distributions its suite installs, and the extra test
 dependencies of that suite (as in tests_types / tests_client / tests_server)."""
 
 
 def declared_floors(*names: str) -> list[Requirement]:
-    """The third-party requirements the pyprojects of ``names`` declare (markers kept).
+    """The third-party requirements the pyprojects of ``names`` declare (markers kept), with
+    those of the extra each one's tests install (``TEST_EXTRAS``: rollout-server's ``otel``).
 
     Sibling distributions (``rollout-*``) are left out: the session installs them from
     this checkout's wheels.
     """
     floors: list[Requirement] = []
     for name in names:
-        pyproject = tomllib.loads((PACKAGES[name] / "pyproject.toml").read_text("utf-8"))
-        for line in pyproject["project"]["dependencies"]:
+        project = tomllib.loads((PACKAGES[name] / "pyproject.toml").read_text("utf-8"))["project"]
+        extra = project.get("optional-dependencies", {}).get(TEST_EXTRAS.get(name), [])
+        for line in [*project["dependencies"], *extra]:
             requirement = Requirement(line)
             if requirement.name not in PACKAGES:
                 floors.append(requirement)

@@ -136,12 +136,15 @@ def run_one(
     py_spy: str | None = None,
     scratch_dir: Path | None = None,
     remove_workdir: bool = True,
+    ours_serve_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run one spec: fresh servers (``spec.servers`` of them), one load generator; return
     the run record.
 
     Each server's artifacts go to a new directory under ``scratch_dir``, deleted when the
     server stops unless ``remove_workdir`` is false (the caller then deletes it).
+
+    Our servers get ``ours_serve_args`` appended to ``rollout-server serve``.
 
     With ``py_spy``, each server is sampled and its profile goes to
     ``<log_dir>/<label>.profile`` (``<label>.<n>.profile`` for a further server n;
@@ -176,6 +179,7 @@ def run_one(
                     profile_path=log_dir / f"{name}.profile",
                     scratch_dir=scratch_dir,
                     remove_workdir=remove_workdir,
+                    serve_args=ours_serve_args if spec.server == "ours" else (),
                 )
                 servers.append(stack.enter_context(server))
             figures = run_loadgen(
@@ -224,6 +228,7 @@ def run_suite(
     echo: TextIO,
     py_spy: str | None = None,
     scratch_dir: Path | None = None,
+    ours_serve_args: Sequence[str] = (),
 ) -> tuple[Path, Path, list[dict[str, Any]]]:
     """Run every planned run, then write ``bench-<stamp>.jsonl`` and ``bench-<stamp>.md``.
 
@@ -253,6 +258,7 @@ def run_suite(
         "client_loops": {stack: loops[stack] for stack in stacks},
         "scratch_dir": str(scratch_dir or tempfile.gettempdir()),
         "scratch_fs": _filesystem_of(scratch_dir or Path(tempfile.gettempdir())),
+        "ours_serve_args": list(ours_serve_args),
     }
     specs = plan_runs(profile, workloads, stacks)
     records: list[dict[str, Any]] = [meta]
@@ -273,6 +279,7 @@ def run_suite(
                 py_spy=py_spy,
                 scratch_dir=suite_scratch,
                 remove_workdir=False,
+                ours_serve_args=ours_serve_args,
             )
             runs.append(record)
             records.append(record)
@@ -325,9 +332,11 @@ def _markdown(
     ]
     if "ours" in versions:
         client_loops = sorted({r.get("client_loop", "?") for r in runs if r["client"] == "ours"})
+        extra = " ".join(meta.get("ours_serve_args") or ())
+        command = f"`rollout-server serve {extra}`" if extra else "`rollout-server serve`"
         lines.append(
             f"- ours: rollout-server {ours_pkgs.get('rollout-server', '?')} on aiohttp "
-            f"{ours_pkgs.get('aiohttp', '?')} (`rollout-server serve`, defaults: uvloop "
+            f"{ours_pkgs.get('aiohttp', '?')} ({command}, defaults: uvloop "
             f"{ours_pkgs.get('uvloop', 'absent')}, no access log); ONE rollout-client "
             f"{ours_pkgs.get('rollout-client', '?')} instance on the "
             f"{'/'.join(client_loops) or '?'} loop."
@@ -448,6 +457,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="sample every server with this py-spy executable (profiles go next to the "
         "logs; CPU figures then include the sampling overhead, so do not report them)",
     )
+    parser.add_argument(
+        "--ours-serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for our rollout-server serve (repeatable), e.g. "
+        "--ours-serve-arg=--no-metrics to measure the server without its metrics",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.profile = "quick"
@@ -505,6 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         echo=sys.stderr,
         py_spy=args.py_spy,
         scratch_dir=args.scratch_dir,
+        ours_serve_args=tuple(args.ours_serve_arg),
     )
     sys.stdout.write(md_path.read_text("utf-8"))
     sys.stdout.write(f"\nwrote {jsonl_path} and {md_path} in {time.monotonic() - began:.0f} s\n")

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
@@ -53,6 +54,9 @@ _SCRUBBED_ENV: Final = (
     "_OSMOSIS_ROLLOUT_PORT",
     "_OSMOSIS_ROLLOUT_PREVIEW_ROOT",
     "OSMOSIS_ROLLOUT_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_TRACES_EXPORTER",
 )
 
 
@@ -73,6 +77,8 @@ class ServerProcess:
         scratch_dir: Where the server's temporary directory (its artifact root: one
             directory and ``trajectory.json`` per rollout) is made; default the system's
             temporary directory.
+        serve_args: More arguments for our stack's ``rollout-server serve`` (say
+            ``--no-metrics``); default none.
         remove_workdir: Whether stopping the server deletes that directory (default). The
             suite keeps it and deletes every run's at the end: on ext4 the inodes of a
             just-deleted tree make the next run's file creations several times dearer
@@ -90,6 +96,7 @@ class ServerProcess:
         profile_path: Path | None = None,
         scratch_dir: Path | None = None,
         remove_workdir: bool = True,
+        serve_args: Sequence[str] = (),
     ) -> None:
         if py_spy is not None and profile_path is None:
             raise ValueError("profile_path is required with py_spy")
@@ -101,6 +108,7 @@ class ServerProcess:
         self.py_spy = py_spy
         self.scratch_dir = scratch_dir
         self.remove_workdir = remove_workdir
+        self.serve_args = tuple(serve_args)
         self.profile_path = profile_path
         self.process: ManagedProcess | None = None
         self.profiler: ManagedProcess | None = None
@@ -130,6 +138,7 @@ class ServerProcess:
                 str(port_file),
                 "--app-dir",
                 str(ROOT),
+                *self.serve_args,
             ]
         module = "floor_app" if self.stack == FLOOR else "osmosis_serve"
         return [self.python, "-m", f"benchmarks.apps.{module}", "--port-file", str(port_file)]

@@ -10,11 +10,14 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchmarks.processes import ServerProcess
 from benchmarks.report import Target, floor_table, rows_for, summary_records, validate_record
 from benchmarks.stats import percentile, summarize
 from benchmarks.suite import FLOOR, FULL, POOL_SHAPES, QUICK, TINY, plan_runs
@@ -24,10 +27,10 @@ OSMOSIS_PYTHON_ENV = "ROLLOUT_INTEROP_OSMOSIS_PYTHON"
 RUN_BOUND_SEC = 300
 
 
-def run_suite(out_dir: Path, *args: str) -> list[dict[str, Any]]:
-    """Run ``python -m benchmarks --profile tiny *args`` and return the records it wrote."""
+def run_module(module: str, *args: str) -> str:
+    """Run ``python -m <module> *args`` from the repository root; return its stdout."""
     completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--profile", "tiny", "--out-dir", str(out_dir), *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -35,6 +38,12 @@ def run_suite(out_dir: Path, *args: str) -> list[dict[str, Any]]:
         check=False,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed.stdout
+
+
+def run_suite(out_dir: Path, *args: str) -> list[dict[str, Any]]:
+    """Run ``python -m benchmarks --profile tiny *args`` and return the records it wrote."""
+    run_module("benchmarks", "--profile", "tiny", "--out-dir", str(out_dir), *args)
     lines = (out_dir / "latest.jsonl").read_text("utf-8").splitlines()
     return [json.loads(line) for line in lines]
 
@@ -252,6 +261,54 @@ class TestTinySuite:
         pool_runs = [r for r in runs if r["workloads"] == ["pool"]]
         assert [(r["pool"], r["servers"]) for r in pool_runs] == list(POOL_SHAPES)
         assert "| RolloutClientPool → 2 servers |" in table
+
+    def test_ours_serve_args_reach_the_server_and_the_report(self, tmp_path: Path) -> None:
+        """``--ours-serve-arg`` is recorded with the figures and named in the table, and
+        our server gets it: with ``--no-metrics`` it has no ``/metrics``."""
+        records = run_suite(
+            tmp_path,
+            "--stacks",
+            "ours",
+            "--workload",
+            "throughput",
+            "--ours-serve-arg=--no-metrics",
+        )
+        assert_well_formed(records)
+        assert records[0]["ours_serve_args"] == ["--no-metrics"]
+        assert "`rollout-server serve --no-metrics`" in (tmp_path / "latest.md").read_text("utf-8")
+        answers = {}
+        for args in ((), ("--no-metrics",)):
+            with ServerProcess(
+                stack="ours", python=sys.executable, log_path=tmp_path / "s.log", serve_args=args
+            ) as server:
+                try:
+                    url = f"{server.url}/metrics"  # http://127.0.0.1:<port>
+                    with urllib.request.urlopen(url, timeout=10) as reply:  # noqa: S310
+                        answers[args] = reply.status
+                except urllib.error.HTTPError as error:
+                    answers[args] = error.code
+        assert answers == {(): 200, ("--no-metrics",): 404}
+
+    def test_paired_runs_two_configurations_side_by_side(self) -> None:
+        """``benchmarks.paired`` drives both servers in alternating batches and reports
+        each one's rate and CPU per rollout and the per-pair CPU ratio."""
+        stdout = run_module(
+            "benchmarks.paired",
+            "--rounds",
+            "2",
+            "--batch",
+            "4",
+            "--warmup",
+            "2",
+            "--b-arg=--no-metrics",
+        )
+        report = json.loads(stdout)
+        assert (report["a_args"], report["b_args"]) == ([], ["--no-metrics"])
+        assert {len(values) for values in report["cpu_ms_per_batch"].values()} == {2}
+        for figure in ("rollouts_per_sec", "server_cpu_ms_per_rollout"):
+            assert set(report[figure]) == {"a", "b"}
+            assert report[figure]["a"]["min"] <= report[figure]["a"]["median"]
+        assert set(report["cpu_ratio_a_over_b"]) <= {"median", "min", "max"}
 
     @pytest.mark.osmosis
     def test_both_stacks_and_cross_pairs(self, tmp_path: Path) -> None:

@@ -2,9 +2,11 @@
 
 Each turn sends the conversation to ``<chat_completions_url>/chat/completions`` (found in
 the ambient rollout context, with the request's ``llm_api_key`` as bearer token) and offers
-the ``calculator`` tool. Tool calls in the reply are executed and their results appended
-as ``tool`` messages; the loop ends at the first reply without tool calls (the final
-answer), or fails after ``max_turns`` model calls.
+the ``calculator`` tool; each call runs inside the context's ``model_call()``, so a tracing
+server records it as a span and the model server receives its ``traceparent``. Tool calls
+in the reply are executed and their results appended as ``tool`` messages; the loop ends
+at the first reply without tool calls (the final answer), or fails after ``max_turns``
+model calls.
 
 Settings (the workflow config's extra keys):
 
@@ -276,22 +278,24 @@ class CalculatorAgent(AgentWorkflow):
             body["max_tokens"] = int(self.setting("max_tokens"))
         retries = int(self.setting("max_retries"))
         url = f"{base}/chat/completions"
+        rollout = get_rollout_context()
         for attempt in range(retries + 1):
             last = attempt == retries
             try:
-                async with session.post(url, json=body) as response:
-                    if response.status in _RETRY_STATUSES and not last:
-                        await asyncio.sleep(_retry_delay(response, attempt))
-                        continue
-                    if response.status != 200:
-                        detail = _error_detail(await response.text())
-                        raise ChatEndpointError(
-                            f"POST {url} returned {response.status}: {detail}",
-                            status_code=response.status,
-                        )
-                    if stream:
-                        return await _read_stream(response)
-                    return _message_of(await response.json(content_type=None))
+                with rollout.model_call(model) as trace_headers:
+                    async with session.post(url, json=body, headers=trace_headers) as response:
+                        if response.status in _RETRY_STATUSES and not last:
+                            await asyncio.sleep(_retry_delay(response, attempt))
+                            continue
+                        if response.status != 200:
+                            detail = _error_detail(await response.text())
+                            raise ChatEndpointError(
+                                f"POST {url} returned {response.status}: {detail}",
+                                status_code=response.status,
+                            )
+                        if stream:
+                            return await _read_stream(response)
+                        return _message_of(await response.json(content_type=None))
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 if last:
                     raise ChatEndpointError(f"POST {url} failed: {exc!r}") from exc

@@ -15,6 +15,10 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from rollout_client import RolloutClient
 from rollout_client.eval import EvalOptions, run_eval
@@ -112,11 +116,15 @@ class TestAnswerGrader:
             await AnswerGrader().grade(GraderContext(rollout_id="r", label=None, sample=Sample()))
 
 
-def misbehaving_chat(kind: str, status: int = 500) -> web.Application:
+def misbehaving_chat(
+    kind: str, status: int = 500, traceparents: list[str | None] | None = None
+) -> web.Application:
     """A chat endpoint that always calls a tool (``loop``) or always fails (``error``) with
-    ``status``."""
+    ``status``; it keeps each request's ``traceparent`` header in ``traceparents`` when given."""
 
-    async def completions(_request: web.Request) -> web.Response:
+    async def completions(request: web.Request) -> web.Response:
+        if traceparents is not None:
+            traceparents.append(request.headers.get("traceparent"))
         if kind == "error":
             return web.json_response({"error": {"message": "model crashed"}}, status=status)
         call = {
@@ -199,6 +207,41 @@ class TestCalculatorAgent:
         assert result.status == "failure"
         assert result.err_category == "http_error"
         assert "failed: ClientConnectorError" in result.err_message
+
+    async def test_each_model_call_is_a_span_whose_traceparent_reaches_the_model(
+        self, aiohttp_server: Any, serve_rollout: Any, tmp_path: Path
+    ) -> None:
+        """On a tracing server, each of the agent's model calls is a client span under the
+        workflow's span, and the chat endpoint receives that span's traceparent."""
+        traceparents: list[str | None] = []
+        chat = await aiohttp_server(
+            misbehaving_chat("loop", traceparents=traceparents), host="127.0.0.1"
+        )
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(shutdown_on_exit=False)
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        try:
+            server = await serve_rollout(
+                backend(tmp_path, max_turns=2, model="m"), tracer_provider=provider
+            )
+            result = await run_one(server.url, str(chat.make_url("/v1")), "q", "2")
+        finally:
+            provider.shutdown()
+        assert result.err_category == "agent_error"
+        spans = exporter.get_finished_spans()
+        (workflow,) = [span for span in spans if span.name == "workflow"]
+        calls = sorted(
+            (span for span in spans if span.name == "chat m"), key=lambda s: s.start_time or 0
+        )
+        assert len(calls) == 2
+        assert all(call.kind is SpanKind.CLIENT for call in calls)
+        assert workflow.context is not None
+        assert {call.parent.span_id for call in calls if call.parent} == {workflow.context.span_id}
+        assert [str(value).split("-")[1:3] for value in traceparents] == [
+            [f"{call.context.trace_id:032x}", f"{call.context.span_id:016x}"]
+            for call in calls
+            if call.context is not None
+        ]
 
 
 class TestModelOutageInEval:

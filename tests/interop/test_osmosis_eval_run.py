@@ -171,7 +171,11 @@ class TestOsmosisEvalRun:
                 # on a downloaded one.
                 "UV_PYTHON": osmosis_python,
                 "UV_PYTHON_DOWNLOADS": "never",
-            }
+            },
+            # The server must write where osmosis-ai tells it (_OSMOSIS_ROLLOUT_ARTIFACT_ROOT,
+            # the run's rollout_trials); the session's ROLLOUT_ARTIFACT_ROOT (the root
+            # conftest's) would win over that.
+            drop=frozenset({"ROLLOUT_ARTIFACT_ROOT"}),
         )
         output = await run_osmosis_eval(osmosis_python, workspace, env)
 

@@ -163,6 +163,20 @@ def _server_usage() -> None:
             ctx.set_reward(1.0 if ctx.label == "42" else 0.0)
 
     app: web.Application = create_rollout_server(
-        backend=LocalBackend(workflow=Echo, grader=Exact), api_key="k"
+        backend=LocalBackend(workflow=Echo, grader=Exact), api_key="k", metrics=False
     )
     del app
+
+
+# -- rollout_server: observability (a backend's phase times, a traced model call) ----------
+def _server_observability() -> None:
+    from rollout_server import ExecutionObserver, ExecutionRequest, get_rollout_context
+
+    def report(request: ExecutionRequest) -> None:
+        observer: ExecutionObserver = request.observer
+        observer.observe_queue_wait(0.5)
+        observer.observe_trajectory_write(0.001, failed=False)
+
+    with get_rollout_context().model_call("m") as headers:
+        traceparent: str | None = headers.get("traceparent")
+    del report, traceparent

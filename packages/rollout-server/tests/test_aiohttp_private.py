@@ -7,6 +7,7 @@ the new attribute and update :mod:`rollout_server._aiohttp_private`.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from aiohttp import StreamReader, web, web_protocol
@@ -118,12 +119,15 @@ class TestInstalledRequestHandler:
             await request.read()
             return web.Response(text="ok")
 
-        app = recording_app([], handler_args={"max_line_size": 1234})
+        # A handler argument every aiohttp from the floor (3.10.6) on keeps as it is given
+        # (max_line_size, say, is no attribute of 3.10.6's protocol).
+        marker = logging.getLogger("rollout_server.test_aiohttp_private.marker")
+        app = recording_app([], handler_args={"logger": marker})
         assert callable(getattr(app, MAKE_HANDLER))
         await _serve_one(aiohttp_client, handler, app)
         (protocol,) = protocols
         assert type(protocol) is _Recording
-        assert protocol.max_line_size == 1234
+        assert protocol.logger is marker
 
     async def test_the_parsed_queue_shows_each_request_and_its_body(
         self, aiohttp_client: Any

@@ -110,6 +110,7 @@ class TestRoutes:
             "/rollout": False,
             "/rollout/{rollout_id:[^/]+}/result": True,
             "/rollout/cancel": False,
+            "/metrics": False,
         }
 
 

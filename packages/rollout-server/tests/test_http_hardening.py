@@ -340,3 +340,48 @@ class TestPollableIds:
         (await harness.backend.started(rollout_id)).succeed()
         reply = await harness.poll_until(rollout_id, token, "success")
         assert reply.json["rollout_id"] == rollout_id
+
+
+def counted(harness: Any, name: str, **labels: str) -> float | None:
+    """The value of the sample ``name{labels}`` in the server's metrics (None: absent)."""
+    value: float | None = harness.server.metrics.registry.get_sample_value(name, labels)
+    return value
+
+
+class TestRefusalsInMetrics:
+    async def test_an_unparsable_request_counts_as_refused_before_routing(
+        self, harness: Any
+    ) -> None:
+        """A request aiohttp cannot parse counts under ``rollout_http_refusals_total``
+        with reason ``bad_request``, and not as an admission."""
+        answer = await exchange(
+            harness.client.port, b"POST /rollout HTTP/1.1\r\nHost: x\r\nX-A: b\x00c\r\n\r\n"
+        )
+        assert_json_400(parse_responses(answer)[-1])
+        assert counted(harness, "rollout_http_refusals_total", reason="bad_request") == 1
+        assert counted(harness, "rollout_http_refusals_total", reason="header_timeout") == 0
+        assert counted(harness, "rollout_admissions_total", code="400") == 0
+
+    async def test_unfinished_headers_count_as_a_header_timeout(self, make_harness: Any) -> None:
+        """A connection closed because its headers never finished counts under reason
+        ``header_timeout``."""
+        harness = await make_harness(header_read_timeout_sec=0.3)
+        assert await exchange(harness.client.port, b"POST /rollout HTTP/1.1\r\nHost: x\r\n") == b""
+        assert counted(harness, "rollout_http_refusals_total", reason="header_timeout") == 1
+
+    async def test_a_late_body_counts_as_an_admission_answered_408(self, make_harness: Any) -> None:
+        """An admission whose body missed body_read_timeout_sec counts under code 408."""
+        harness = await make_harness(body_read_timeout_sec=0.3)
+        answer = await exchange(harness.client.port, post(init_bytes()[:10], length=500))
+        assert parse_responses(answer)[0].status == 408
+        assert counted(harness, "rollout_admissions_total", code="408") == 1
+
+    async def test_an_undecodable_body_counts_as_an_admission_answered_400(
+        self, harness: Any
+    ) -> None:
+        """An admission whose body does not decode counts under code 400."""
+        answer = await exchange(
+            harness.client.port, post(b"not compressed", "Content-Encoding: gzip")
+        )
+        assert parse_responses(answer)[0].status == 400
+        assert counted(harness, "rollout_admissions_total", code="400") == 1

@@ -136,14 +136,18 @@ class TestFinishedLines:
         self, make_harness: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         """A workflow that raises logs one INFO line (id, status, category, duration,
-        reward, message) and its traceback once, at DEBUG; nothing at WARNING or above."""
+        reward, message; the first three also as the record's fields for JSON logs) and
+        its traceback once, at DEBUG; nothing at WARNING or above."""
         harness = await make_harness(local(FailingWorkflow, tmp_path))
         with caplog.at_level(logging.DEBUG, logger="rollout_server"):
             token = await harness.admit("r1")
             await harness.poll_until("r1", token, "failure")
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-        info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-        (line,) = [m for m in info if "r1" in m]
+        info = [r for r in caplog.records if r.levelno == logging.INFO]
+        (record,) = [r for r in info if "r1" in r.getMessage()]
+        fields = {key: record.__dict__.get(key) for key in ("rollout_id", "status", "category")}
+        assert fields == {"rollout_id": "r1", "status": "failure", "category": "validation_error"}
+        line = record.getMessage()
         assert line.startswith(
             "Rollout r1 finished: status=failure err_category=validation_error duration="
         )

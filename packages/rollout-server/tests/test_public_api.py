@@ -8,7 +8,8 @@ import rollout_server
 
 EXPECTED = [
     "ROLLOUT_SERVER_KEY", "AgentWorkflow", "AgentWorkflowConfig", "AgentWorkflowOutput",
-    "ConcurrencyConfig", "ExecutionBackend", "ExecutionOutcome", "ExecutionRequest",
+    "ConcurrencyConfig", "ExecutionBackend", "ExecutionObserver", "ExecutionOutcome",
+    "ExecutionRequest",
     "ExecutionResult", "Grader", "GraderConfig", "GraderContext", "LocalBackend",
     "ModelEndpointError", "RolloutContext", "RolloutServer", "RolloutServerError", "Sample",
     "SampleSource", "ServeTargetError", "ServerConfigError", "ShutdownTimeouts", "WorkflowContext",

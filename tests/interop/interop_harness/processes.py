@@ -48,9 +48,12 @@ THIS_VENV_HINTS: Final = frozenset({"PYTHONPATH", "VIRTUAL_ENV", "UV_PROJECT_ENV
 peer's ``uv sync`` would install into the test venv and strip it)."""
 
 
-def peer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a peer process: ours, unbuffered, without this venv's hints."""
-    return child_env({"PYTHONDONTWRITEBYTECODE": "1", **(extra or {})}, drop=THIS_VENV_HINTS)
+def peer_env(
+    extra: dict[str, str] | None = None, *, drop: frozenset[str] = frozenset()
+) -> dict[str, str]:
+    """The environment of a peer process: ours, unbuffered, without this venv's hints (nor
+    the variables named in ``drop``)."""
+    return child_env({"PYTHONDONTWRITEBYTECODE": "1", **(extra or {})}, drop=THIS_VENV_HINTS | drop)
 
 
 class ServerProcess:

@@ -22,6 +22,7 @@ from ._errors import (
 )
 from ._grader import Grader, GraderConfig, GraderContext
 from ._local_backend import LocalBackend
+from ._observer import ExecutionObserver
 from ._server import RolloutServer
 from ._shutdown import ShutdownTimeouts
 from ._workflow import (
@@ -44,6 +45,7 @@ __all__ = [
     "AgentWorkflowOutput",
     "ConcurrencyConfig",
     "ExecutionBackend",
+    "ExecutionObserver",
     "ExecutionOutcome",
     "ExecutionRequest",
     "ExecutionResult",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -43,6 +43,7 @@ from ._server import (
     RolloutServer,
 )
 from ._shutdown import ShutdownTimeouts
+from ._tracing import ServerTracing, default_tracer_provider
 from ._validation import MAX_REQUEST_LINE_BYTES
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 
@@ -87,6 +88,8 @@ def create_rollout_server(
     status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
     header_read_timeout_sec: float = DEFAULT_HEADER_READ_TIMEOUT_SEC,
     body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
+    metrics: bool = True,
+    tracer_provider: Any = None,
 ) -> web.Application:
     """Build the rollout protocol server as an aiohttp application.
 
@@ -122,6 +125,13 @@ def create_rollout_server(
         body_read_timeout_sec: Once a request's headers arrive, its body must be complete
             within this many seconds, or the request gets 408 and the connection is
             closed; finite and > 0; default 60.0.
+        metrics: Whether to serve Prometheus metrics at ``GET /metrics`` (behind the same
+            bearer auth as every route); default True.
+        tracer_provider: The OpenTelemetry ``TracerProvider`` of the server's spans
+            (the ``[otel]`` extra). Default None: the process's global provider when one
+            is set, else one configured from the ``OTEL_*`` environment variables (or
+            ``OSMOSIS_ROLLOUT_OTLP_ENDPOINT``) when they ask for an exporter, else no
+            tracing at all.
 
     Returns:
         The application; its :class:`RolloutServer` is ``app[ROLLOUT_SERVER_KEY]``.
@@ -132,8 +142,9 @@ def create_rollout_server(
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2
-       ``header_read_timeout_sec`` and ``body_read_timeout_sec``; request lines (and so
-       result URLs) are limited to 8190 bytes, and longer ids are refused at admission.
+       ``header_read_timeout_sec``, ``body_read_timeout_sec``, ``metrics`` and
+       ``tracer_provider``; request lines (and so result URLs) are limited to 8190 bytes,
+       and longer ids are refused at admission.
     """
     if not isinstance(backend, ExecutionBackend):
         raise TypeError(
@@ -162,6 +173,7 @@ def create_rollout_server(
             f"shutdown_timeouts must be a ShutdownTimeouts; got {type(timeouts).__name__}"
         )
 
+    provider = default_tracer_provider() if tracer_provider is None else tracer_provider
     server = RolloutServer(
         backend=backend,
         result_wait_timeout_sec=wait,
@@ -175,6 +187,8 @@ def create_rollout_server(
         requires_auth=api_key is not None,
         access_log=bool(access_log),
         status_change_grace_sec=grace,
+        metrics=bool(metrics),
+        tracing=None if provider is None else ServerTracing(provider),
     )
     app = web.Application(
         middlewares=[make_protocol_middleware(api_key)],
@@ -187,7 +201,9 @@ def create_rollout_server(
         },
     )
     guard = ConnectionGuard(
-        header_read_timeout_sec=header_sec, max_line_bytes=MAX_REQUEST_LINE_BYTES
+        header_read_timeout_sec=header_sec,
+        max_line_bytes=MAX_REQUEST_LINE_BYTES,
+        on_refused=None if server.metrics is None else server.metrics.http_refused,
     )
     install_request_handler(app, guard.handler)
     app[ROLLOUT_SERVER_KEY] = server

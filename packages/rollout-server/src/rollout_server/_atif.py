@@ -64,7 +64,7 @@ from urllib.parse import urlsplit
 
 from ._backend import ExecutionRequest, ExecutionResult, Sample
 
-__all__ = ["ATIF_SCHEMA_VERSION", "build_trajectory", "conversation_steps"]
+__all__ = ["ATIF_SCHEMA_VERSION", "build_trajectory", "conversation_steps", "writer_version"]
 
 ATIF_SCHEMA_VERSION: Final = "ATIF-v1.7"
 """``schema_version`` of the documents :func:`build_trajectory` builds."""
@@ -89,7 +89,8 @@ _IMAGE_TYPES: Final = {
 
 
 @functools.cache
-def _writer_version() -> str:
+def writer_version() -> str:
+    """The installed rollout-server version ("0.0.0" from a source tree)."""
     # Cached: importlib.metadata scans sys.path on every call (a sixth of a trajectory
     # write's CPU in the benchmarks' profile).
     try:
@@ -154,7 +155,7 @@ def build_trajectory(
         "schema_version": ATIF_SCHEMA_VERSION,
         "session_id": request.id,
         "trajectory_id": request.id,
-        "agent": {"name": AGENT_NAME, "version": _writer_version()},
+        "agent": {"name": AGENT_NAME, "version": writer_version()},
         "steps": steps,
         "final_metrics": {"total_steps": len(steps)},
         "extra": {

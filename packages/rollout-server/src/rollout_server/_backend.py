@@ -28,6 +28,8 @@ import attrs
 
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
+from ._observer import NO_OBSERVER, ExecutionObserver
+
 __all__ = [
     "ExecutionBackend",
     "ExecutionOutcome",
@@ -68,6 +70,8 @@ class ExecutionRequest:
     ``request_extra_fields`` is for persistence only: it is not input to the workflow.
     ``on_status`` reports a non-terminal status change (``queued``, ``running``,
     ``grading``) to the server's registry; it is safe to call from the event loop only.
+    ``observer`` takes the phase timings the backend measures (the server's metrics; a
+    no-op unless the server sets it), also from the event loop only.
     """
 
     id: str
@@ -84,6 +88,7 @@ class ExecutionRequest:
     on_status: Callable[[RolloutStatus], None] = attrs.field(
         default=_ignore_status, repr=False, eq=False
     )
+    observer: ExecutionObserver = attrs.field(default=NO_OBSERVER, repr=False, eq=False)
 
 
 @attrs.frozen(kw_only=True)

@@ -39,9 +39,11 @@ class Cancellation:
         registry: The rollouts.
         backend: Asked first to cancel each rollout.
         spawn: Runs a coroutine as a side task of the server (lease-expiry requests).
+        on_answered: Called with the dispositions of every answered selection (metrics);
+            default None.
     """
 
-    __slots__ = ("_backend", "_expired", "_registry", "_spawn")
+    __slots__ = ("_backend", "_expired", "_on_answered", "_registry", "_spawn")
 
     def __init__(
         self,
@@ -49,8 +51,10 @@ class Cancellation:
         registry: RolloutRegistry,
         backend: ExecutionBackend,
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+        on_answered: Callable[[Mapping[str, CancelDisposition]], None] | None = None,
     ) -> None:
         self._registry = registry
+        self._on_answered = on_answered
         self._backend = backend
         self._spawn = spawn
         self._expired: list[RolloutRecord] = []
@@ -93,6 +97,8 @@ class Cancellation:
             dispositions.update(await self._request(pending))
         cancelled = sum(1 for d in dispositions.values() if d.startswith("cancelled"))
         logger.info("Cancelled %d rollout(s) (%s)", cancelled, scope)
+        if self._on_answered is not None:
+            self._on_answered(dispositions)
         return dispositions
 
     async def cancel_everything(self) -> dict[str, CancelDisposition]:

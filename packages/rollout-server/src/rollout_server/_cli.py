@@ -17,7 +17,9 @@ when ``--port 0``), optionally writes the bound port to ``--port-file``, and on 
 SIGINT runs the staged shutdown (admissions close, results stay collectable) before it
 stops listening and exits 0. A second signal cuts the remaining waits short and still
 exits 0. The API key is read from the environment variable that ``--api-key-env`` names,
-never from the command line.
+never from the command line. ``--log-format json`` writes one JSON object per log line
+(:mod:`rollout_server._jsonlog`); ``--no-metrics`` turns ``GET /metrics`` off; traces are
+configured by the ``OTEL_*`` environment variables (:mod:`rollout_server._tracing`).
 
 The process exits within the shutdown's stage bounds whatever user code does: tasks that
 ignore cancellation after the last stage are abandoned (their rollout ids logged once by
@@ -57,6 +59,7 @@ from . import __version__
 from ._app import ROLLOUT_SERVER_KEY, create_rollout_server
 from ._backend import ExecutionBackend
 from ._errors import ServerConfigError, ServeTargetError
+from ._jsonlog import JsonFormatter
 from ._logsink import TurnBufferedStreamHandler
 from ._logtext import get_logger
 from ._server import (
@@ -115,6 +118,7 @@ _SERVER_OPTIONS: Final = (
     "force_timeout_sec",
     "backend_shutdown_timeout_sec",
     "collect_timeout_sec",
+    "metrics",
 )
 
 
@@ -201,6 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         help="log level of the root logger (default INFO)",
     )
+    serve_cmd.add_argument(
+        "--log-format",
+        default="text",
+        choices=("text", "json"),
+        help=(
+            "text: 'TIME LEVEL LOGGER: MESSAGE' lines (default); json: one JSON object per "
+            "line (timestamp, level, logger, message, and rollout_id, status, category where "
+            "they apply), for log shippers"
+        ),
+    )
     options = serve_cmd.add_argument_group(
         "server options", "apply when MODULE:ATTR is a backend or a factory of one"
     )
@@ -251,6 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="log one line per request (logger rollout_server.access)",
     )
+    options.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_const",
+        const=False,
+        default=None,
+        help="do not serve Prometheus metrics at GET /metrics (served by default)",
+    )
     for command in commands.choices.values():  # main() names the subcommand in errors
         command.set_defaults(command_parser=command)
     return parser
@@ -300,7 +322,7 @@ def load_target(spec: str, *, app_dir: str | None = ".") -> Any:
 
 def _given_server_options(args: argparse.Namespace) -> list[str]:
     return [
-        "--" + name.replace("_", "-")
+        "--no-metrics" if name == "metrics" else "--" + name.replace("_", "-")
         for name in _SERVER_OPTIONS
         if getattr(args, name, None) is not None
     ]
@@ -331,6 +353,8 @@ def _server_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             kwargs[name] = value
     if args.access_log:
         kwargs["access_log"] = True
+    if args.metrics is False:
+        kwargs["metrics"] = False
     stages = {
         "drain_sec": args.drain_timeout_sec,
         "cleanup_sec": args.cleanup_timeout_sec,
@@ -639,11 +663,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if not logging.getLogger().handlers:
         # One write per event-loop turn, not per line (a line per rollout at INFO).
-        logging.basicConfig(
-            level=args.log_level,
-            format=LOG_FORMAT,
-            handlers=[TurnBufferedStreamHandler(sys.stderr)],
+        handler = TurnBufferedStreamHandler(sys.stderr)
+        handler.setFormatter(
+            JsonFormatter() if args.log_format == "json" else logging.Formatter(LOG_FORMAT)
         )
+        logging.basicConfig(level=args.log_level, handlers=[handler])
     else:
         logging.getLogger().setLevel(args.log_level)
     if not 0 <= args.port <= 65535:

@@ -137,9 +137,12 @@ class ConnectionGuard:
         max_line_bytes: The parser's limit on the request line and each header line
             (named in the 400 for a longer one), bytes.
         log_interval_sec: Least time between two WARNINGs about peer errors, seconds.
+        on_refused: Told of each request refused before the routes, with the reason
+            (``"bad_request"``: it could not be parsed; ``"header_timeout"``): the
+            server's metrics; default None.
     """
 
-    __slots__ = ("_throttle", "header_read_timeout_sec", "max_line_bytes")
+    __slots__ = ("_on_refused", "_throttle", "header_read_timeout_sec", "max_line_bytes")
 
     def __init__(
         self,
@@ -147,10 +150,12 @@ class ConnectionGuard:
         header_read_timeout_sec: float,
         max_line_bytes: int,
         log_interval_sec: float = PEER_ERROR_LOG_INTERVAL_SEC,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
         self.header_read_timeout_sec = header_read_timeout_sec
         self.max_line_bytes = max_line_bytes
         self._throttle = _Throttle(log_interval_sec)
+        self._on_refused = on_refused
 
     def handler(self, manager: web.Server, **kwargs: Any) -> GuardedRequestHandler:
         """Build the protocol of one connection (the factory for ``install_request_handler``)."""
@@ -160,6 +165,13 @@ class ConnectionGuard:
         """Log a request refused for the peer's fault (throttled; never request bytes)."""
         self._throttle.warn(what, peer)
 
+    def refused(self, reason: str, what: str, peer: str | None) -> None:
+        """A request refused before the routes, for ``reason``: logged as a peer error
+        and counted (``on_refused``)."""
+        self.peer_error(what, peer)
+        if self._on_refused is not None:
+            self._on_refused(reason)
+
     def error_response(
         self, request: web.BaseRequest, status: int, exc: BaseException | None
     ) -> web.StreamResponse:
@@ -168,7 +180,7 @@ class ConnectionGuard:
         connection."""
         if status == 400 or peer_error(exc):
             what = _describe(exc, self.max_line_bytes)
-            self.peer_error(f"Refused a bad HTTP request: {what}", request.remote)
+            self.refused("bad_request", f"Refused a bad HTTP request: {what}", request.remote)
             body = detail_body(f"bad HTTP request: {what}")
             status = 400
         else:
@@ -252,7 +264,7 @@ class GuardedRequestHandler(web.RequestHandler):
         if isinstance(exc, BaseException) and peer_error(exc):
             self._guard.peer_error(
                 f"A request body could not be read ({type(exc).__name__})",
-                _peer_host(self.peername),
+                _peer_host(self.transport),
             )
             return
         super().log_exception(*args, **kw)
@@ -267,15 +279,21 @@ class GuardedRequestHandler(web.RequestHandler):
         self._header_timer = None
         if self.transport is None:
             return
-        self._guard.peer_error(
+        self._guard.refused(
+            "header_timeout",
             "Closed a connection whose request headers did not arrive within "
             f"{self._guard.header_read_timeout_sec:g} s",
-            _peer_host(self.peername),
+            _peer_host(self.transport),
         )
         self.force_close()
 
 
-def _peer_host(peername: Any) -> str | None:
+def _peer_host(transport: asyncio.BaseTransport | None) -> str | None:
+    """The peer's address (host) of a connection's transport, None once it is gone.
+
+    Read from the transport (asyncio's API): aiohttp 3.10 has no ``RequestHandler.peername``.
+    """
+    peername = None if transport is None else transport.get_extra_info("peername")
     if isinstance(peername, list | tuple) and peername:
         return str(peername[0])
     return None if peername is None else str(peername)

@@ -2,7 +2,8 @@
 
 The server binds a :class:`RolloutContext` around each ``backend.execute()`` call, so
 workflow code anywhere below it can call :func:`get_rollout_context` to find the chat
-endpoint, the LLM key and the rollout id.
+endpoint, the LLM key and the rollout id, and trace its model calls
+(:meth:`RolloutContext.model_call`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import attrs
 
 from rollout_types import RolloutStatus
 
+from . import _tracing
 from ._backend import Sample
 
 __all__ = [
@@ -85,6 +87,33 @@ class RolloutContext:
             process_id=process_id,
             on_status=on_status,
         )
+
+    def model_call(
+        self, model: str | None = None
+    ) -> contextlib.AbstractContextManager[dict[str, str]]:
+        """Trace one call to the model server: a context manager whose value is a new dict
+        of headers to send with that request.
+
+        When the server traces (OpenTelemetry, the ``[otel]`` extra), the block runs in a
+        client span ``chat <model>`` under the rollout's ``workflow`` span, and the headers
+        carry its ``traceparent`` (and ``tracestate``): a model server that reads them
+        (vLLM with ``--otlp-traces-endpoint``) puts its own spans in the same trace as the
+        trainer's request and this rollout. An exception leaving the block marks the span
+        failed. Otherwise the headers are empty and nothing is recorded.
+
+        Args:
+            model: The model requested, for the span's name and ``gen_ai.request.model``.
+
+        Example::
+
+            rollout = get_rollout_context()
+            with rollout.model_call(model) as headers:
+                async with session.post(url, json=body, headers=headers) as response:
+                    ...
+
+        .. versionadded:: 0.2
+        """
+        return _tracing.model_call(self.rollout_id, model)
 
     def set_status(self, status: RolloutStatus) -> None:
         """Report a non-terminal status change; ignored once the rollout has finished."""

@@ -12,7 +12,9 @@ One rollout, as :meth:`LocalBackend.execute` runs it (wire-protocol section 5.3)
    ``grader_timeout_sec``. The slot is held through grading.
 4. Release the slot, save ``trajectory.json`` (and ``diagnostics.json``), return.
 
-Cancellation at any point releases the slot at once and propagates.
+Cancellation at any point releases the slot at once and propagates. Each phase's time goes
+to ``request.observer`` (the server's metrics) as it ends, and, when the server traces,
+each phase is a span (``queue``, ``workflow``, ``grading``, ``trajectory write``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import attrs
 
 from rollout_types import RolloutErrorCategory, RolloutStatus, is_single_path_segment
 
+from . import _tracing
 from ._atif import build_trajectory
 from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
 from ._categorize import categorize_exception
@@ -43,6 +46,7 @@ from ._config import BaseConfig
 from ._context import RolloutContext, bind_rollout_context, current_rollout_context
 from ._grader import Grader, GraderConfig, GraderContext
 from ._imports import resolve_import_string
+from ._jsonlog import log_fields
 from ._lazydir import LazyDirectory
 from ._limiter import ConcurrencyLimiter
 from ._logtext import get_logger
@@ -98,6 +102,11 @@ class _Unbounded:
 
 
 _UNBOUNDED: Final = _Unbounded()
+
+
+def _timed_out(rollout_id: str) -> dict[str, Any]:
+    """The ``extra=`` of a deadline line (the rollout fails as ``timeout``)."""
+    return log_fields(rollout_id, RolloutStatus.FAILURE, RolloutErrorCategory.TIMEOUT)
 
 
 @attrs.define(kw_only=True, eq=False)
@@ -487,10 +496,12 @@ class LocalBackend(ExecutionBackend):
     ) -> ExecutionOutcome:
         request = run.request
         timeout = request.agent_timeout_sec
-        if not await self._acquire(run):
+        with _tracing.phase_span("queue", request.id):
+            acquired = await self._acquire(run)
+        if not acquired:
             assert timeout is not None
             message = _deadline_message("workflow", timeout, run.queued_sec)
-            logger.debug("Rollout %s: %s", request.id, message)
+            logger.debug("Rollout %s: %s", request.id, message, extra=_timed_out(request.id))
             run.workflow = _timeout(message)
             return ExecutionOutcome(workflow=run.workflow)
         held_from = time.monotonic()
@@ -498,7 +509,9 @@ class LocalBackend(ExecutionBackend):
         try:
             request.on_status(RolloutStatus.RUNNING)
             artifacts_dir = await self._artifacts_dir(run)
-            run.workflow = await self._run_workflow(run, ambient, artifacts_dir)
+            with _tracing.phase_span("workflow", request.id) as span:
+                run.workflow = await self._run_workflow(run, ambient, artifacts_dir)
+                _tracing.set_outcome(span, run.workflow.status, run.workflow.err_category)
             run.check_cancelled()
             if not request.grade or run.workflow.status != RolloutStatus.SUCCESS:
                 finished = True
@@ -508,9 +521,11 @@ class LocalBackend(ExecutionBackend):
                 run.grader = ExecutionResult(status=RolloutStatus.FAILURE)
             else:
                 request.on_status(RolloutStatus.GRADING)
-                run.grader = await self._run_grader(
-                    run, self._grader_cls, run.workflow.sample, artifacts_dir
-                )
+                with _tracing.phase_span("grading", request.id) as span:
+                    run.grader = await self._run_grader(
+                        run, self._grader_cls, run.workflow.sample, artifacts_dir
+                    )
+                    _tracing.set_outcome(span, run.grader.status, run.grader.err_category)
                 run.check_cancelled()
             finished = True
             return ExecutionOutcome(workflow=run.workflow, grader=run.grader)
@@ -539,6 +554,7 @@ class LocalBackend(ExecutionBackend):
             return True
         finally:
             run.queued_sec = time.monotonic() - run.entered
+            run.request.observer.observe_queue_wait(run.queued_sec)
 
     async def _artifacts_dir(self, run: _Run) -> LazyDirectory | None:
         """Create the rollout directory (3 attempts, as osmosis-ai makes its artifacts
@@ -585,7 +601,7 @@ class LocalBackend(ExecutionBackend):
         try:
             if budget is not None and budget <= 0:
                 assert message is not None
-                logger.debug("Rollout %s: %s", request.id, message)
+                logger.debug("Rollout %s: %s", request.id, message, extra=_timed_out(request.id))
                 return _timeout(message)
             deadline = _UNBOUNDED if budget is None else asyncio.timeout(budget)
             try:
@@ -604,19 +620,33 @@ class LocalBackend(ExecutionBackend):
             except Exception as exc:
                 if deadline.expired():
                     assert message is not None
-                    logger.debug("Rollout %s: %s", request.id, message)
+                    logger.debug(
+                        "Rollout %s: %s", request.id, message, extra=_timed_out(request.id)
+                    )
                     return _timeout(message, **_diagnostics("workflow", exc))
-                logger.debug("Workflow of rollout %s failed", request.id, exc_info=exc)
-                return self._failure(exc, None, "workflow")
+                failure = self._failure(exc, None, "workflow")
+                logger.debug(
+                    "Workflow of rollout %s failed",
+                    request.id,
+                    exc_info=exc,
+                    extra=log_fields(request.id, failure.status, failure.err_category),
+                )
+                return failure
             if budget is not None and (deadline.expired() or time.monotonic() - start > budget):
                 # It returned, but only after its deadline (it swallowed the cancellation or
                 # blocked the loop): a timeout, never a late success.
                 assert message is not None
-                logger.debug("Rollout %s: %s (it returned late)", request.id, message)
+                logger.debug(
+                    "Rollout %s: %s (it returned late)",
+                    request.id,
+                    message,
+                    extra=_timed_out(request.id),
+                )
                 return _timeout(message)
             return ExecutionResult(status=RolloutStatus.SUCCESS, sample=sample)
         finally:
             run.workflow_sec = time.monotonic() - start
+            request.observer.observe_workflow(run.workflow_sec)
 
     async def _sample_from(
         self, returned: Any, run: _Run, ambient: RolloutContext
@@ -676,7 +706,7 @@ class LocalBackend(ExecutionBackend):
         try:
             if timeout is not None and timeout <= 0:
                 assert message is not None
-                logger.debug("Rollout %s: %s", request.id, message)
+                logger.debug("Rollout %s: %s", request.id, message, extra=_timed_out(request.id))
                 return _timeout(message, sample)
             deadline = asyncio.timeout(timeout)
             try:
@@ -695,17 +725,31 @@ class LocalBackend(ExecutionBackend):
             except Exception as exc:
                 if deadline.expired():
                     assert message is not None
-                    logger.debug("Rollout %s: %s", request.id, message)
+                    logger.debug(
+                        "Rollout %s: %s", request.id, message, extra=_timed_out(request.id)
+                    )
                     return _timeout(message, sample, **_diagnostics("grader", exc))
-                logger.debug("Grader of rollout %s failed", request.id, exc_info=exc)
-                return self._failure(exc, sample, "grader")
+                failure = self._failure(exc, sample, "grader")
+                logger.debug(
+                    "Grader of rollout %s failed",
+                    request.id,
+                    exc_info=exc,
+                    extra=log_fields(request.id, failure.status, failure.err_category),
+                )
+                return failure
             if timeout is not None and (deadline.expired() or time.monotonic() - start > timeout):
                 assert message is not None
-                logger.debug("Rollout %s: %s (it returned late)", request.id, message)
+                logger.debug(
+                    "Rollout %s: %s (it returned late)",
+                    request.id,
+                    message,
+                    extra=_timed_out(request.id),
+                )
                 return _timeout(message, sample)
             return ExecutionResult(status=RolloutStatus.SUCCESS, sample=graded)
         finally:
             run.grader_sec = time.monotonic() - start
+            request.observer.observe_grading(run.grader_sec)
 
     @staticmethod
     def _failure(exc: Exception, sample: Sample | None, phase: str) -> ExecutionResult:
@@ -730,10 +774,7 @@ class LocalBackend(ExecutionBackend):
         job = self._write_job(run, outcome)
         if job is None:
             return
-        write = self._files.submit(job)
-        write.add_done_callback(functools.partial(self._log_write, run))
-        self._background.add(write)  # shutdown() waits for writes still in flight
-        write.add_done_callback(self._background.discard)
+        write = self._write(run, job)
         # Shielded: cancelling this task must not cancel the write. Bounded: the file jobs
         # fail with TimeoutError after FILE_JOB_TIMEOUT_SEC (no timer per rollout here).
         with contextlib.suppress(Exception):  # _log_write reports it
@@ -749,13 +790,18 @@ class LocalBackend(ExecutionBackend):
         cancelled = ExecutionResult(status=RolloutStatus.CANCELLED, err_message="cancelled")
         outcome = ExecutionOutcome(workflow=workflow, grader=run.grader)
         job = self._write_job(run, outcome, reported=cancelled)
-        if job is None:
-            return
+        if job is not None:
+            _ = self._write(run, job)
 
+    def _write(self, run: _Run, job: Callable[[], None]) -> asyncio.Future[None]:
+        """Submit the file job that saves the rollout's files; its end is logged, timed
+        (``request.observer``) and traced (``trajectory write``)."""
+        span = _tracing.start_span("trajectory write", run.request.id)
         write = self._files.submit(job)
-        write.add_done_callback(functools.partial(self._log_write, run))
-        self._background.add(write)
+        write.add_done_callback(functools.partial(self._log_write, run, time.monotonic(), span))
+        self._background.add(write)  # shutdown() waits for writes still in flight
         write.add_done_callback(self._background.discard)
+        return write
 
     def _write_job(
         self, run: _Run, outcome: ExecutionOutcome, reported: ExecutionResult | None = None
@@ -797,12 +843,22 @@ class LocalBackend(ExecutionBackend):
         return job
 
     @staticmethod
-    def _log_write(run: _Run, future: asyncio.Future[None]) -> None:
+    def _log_write(run: _Run, started: float, span: Any, future: asyncio.Future[None]) -> None:
+        exc: BaseException | None
+        exc = asyncio.CancelledError() if future.cancelled() else future.exception()
+        run.request.observer.observe_trajectory_write(
+            time.monotonic() - started, failed=exc is not None
+        )
+        _tracing.end_span(span, exc)
         if future.cancelled():
             return
-        exc = future.exception()
         if exc is not None:
-            logger.warning("Rollout %s: cannot save the trajectory: %s", run.request.id, exc)
+            logger.warning(
+                "Rollout %s: cannot save the trajectory: %s",
+                run.request.id,
+                exc,
+                extra=log_fields(run.request.id),
+            )
         elif logger.isEnabledFor(logging.DEBUG):
             # DEBUG, not INFO: a line per rollout on the hot path (the server's own
             # "finished" line already says the rollout is done).

@@ -40,6 +40,7 @@ class RolloutRecord:
 
     Attributes:
         rollout_id: The admitted id.
+        admitted_at: When it was admitted, a :func:`time.monotonic` value (seconds).
         status: The current status (the published one once :attr:`published`).
         delivered_status: The last status answered to the caller: ``queued`` from
             admission on (the admission answers it), then each in-progress status a poll
@@ -52,11 +53,9 @@ class RolloutRecord:
         delivered: Whether a poll has returned its published result.
         started: Whether its execution task has taken its first step.
         task: Its execution task while that runs, else None.
-        admitted_at: Loop time (seconds) of its admission.
     """
 
     __slots__ = (
-        "_collect_pending",
         "_digest",
         "_lease_timer",
         "_retention_elapsed",
@@ -95,7 +94,6 @@ class RolloutRecord:
         self._lease_timer: Entry | None = None
         self._retention_timer: Entry | None = None
         self._retention_elapsed = False
-        self._collect_pending = False
         # The deadline entries of waiting long polls (each entry's argument is the poll's
         # future): one entry alone (the usual case), a tuple of several, or None.
         self._waiters: Entry | tuple[Entry, ...] | None = None

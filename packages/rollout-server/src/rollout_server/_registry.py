@@ -17,7 +17,8 @@ served by a single loop timer), never sleeping tasks nor a loop timer each:
 
 A result is published exactly once: the first of the execution's end (the registry
 publishes it when the task is done, asking ``outcome_of`` what the execution produced),
-cancellation, lease expiry or shutdown wins.
+cancellation, lease expiry or shutdown wins. Its :class:`PublicationObserver` objects (the
+server's metrics and tracing) hear of each publication and first delivery.
 """
 
 from __future__ import annotations
@@ -27,18 +28,19 @@ import contextvars
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, Protocol
 
 from rollout_types import CancelDisposition, RolloutErrorCategory, RolloutSample, RolloutStatus
 
 from ._bodies import result_body
 from ._deadlines import FIRE_SLACK_SEC, DeadlineQueue
+from ._jsonlog import log_fields
 from ._logtext import get_logger
 from ._record import ResultFields, RolloutRecord, token_digest
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC, LongPollWaits
 
-__all__ = ["RolloutRegistry"]
+__all__ = ["PublicationObserver", "RolloutRegistry"]
 
 logger: Final = get_logger("rollout_server.registry")
 
@@ -60,6 +62,21 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+class PublicationObserver(Protocol):
+    """What the registry tells its observers (called on the loop; must not raise)."""
+
+    def published(
+        self,
+        record: RolloutRecord,
+        status: RolloutStatus,
+        category: RolloutErrorCategory | None,
+    ) -> None:
+        """The result of ``record`` has just been fixed, with this status and category."""
+
+    def delivered(self, record: RolloutRecord) -> None:
+        """A poll has returned the published result of ``record`` for the first time."""
+
+
 class RolloutRegistry:
     """Every admitted rollout of one server, by id.
 
@@ -79,6 +96,7 @@ class RolloutRegistry:
             :data:`~rollout_server._waiting.DEFAULT_STATUS_CHANGE_GRACE_SEC`.
         loop_cpu_clock: CPU seconds used so far by the thread that runs the event loop,
             read on that thread; default :func:`time.thread_time`.
+        observers: Told of every publication and first delivery; default none.
 
     Attributes:
         waits: The waiting long polls (the result route begins and ends each wait there).
@@ -96,6 +114,7 @@ class RolloutRegistry:
         outcome_of: Callable[[str, asyncio.Task[Any]], ResultFields | None] = _no_outcome,
         status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
         loop_cpu_clock: Callable[[], float] = time.thread_time,
+        observers: Sequence[PublicationObserver] = (),
     ) -> None:
         self._deadlines = DeadlineQueue()
         self.waits = LongPollWaits(
@@ -111,11 +130,11 @@ class RolloutRegistry:
         self._tasks: dict[asyncio.Task[Any], RolloutRecord] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: asyncio.Future[None] | None = None
-        self._collecting = False
         self._undelivered = 0
         self._delivered: asyncio.Future[None] | None = None
         self._removal_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
+        self._observers = tuple(observers)
         # Bound once, and one context for every task's done callback (it reads no context
         # variable): per rollout, a bound method costs 64 bytes and a copied context 72.
         self._lease_callback = self._on_lease_timer
@@ -155,9 +174,14 @@ class RolloutRegistry:
         """The ids of the rollouts whose execution task has not completed."""
         return [record.rollout_id for record in self._tasks.values()]
 
+    def in_flight(self) -> Iterable[RolloutRecord]:
+        """The records whose execution task has not completed (a live view: iterate it
+        without awaiting in between)."""
+        return self._tasks.values()
+
     @property
     def undelivered(self) -> int:
-        """How many results counted by :meth:`start_collecting` no poll has returned."""
+        """How many held results are published and not yet returned by any poll."""
         return self._undelivered
 
     # -- admission ------------------------------------------------------------------------
@@ -166,6 +190,7 @@ class RolloutRegistry:
         self,
         rollout_id: str,
         start: Callable[[RolloutRecord], asyncio.Task[Any]],
+        admitted_at: float | None = None,
     ) -> tuple[RolloutRecord, str]:
         """Admit ``rollout_id``: create its record and lease and start its execution task.
 
@@ -175,14 +200,19 @@ class RolloutRegistry:
         Args:
             rollout_id: The id to admit.
             start: Creates the execution task of the new record on :attr:`loop`.
+            admitted_at: The admission's :func:`time.monotonic` stamp; default now.
 
         Returns:
             The record and the lease token (43 characters of base64url).
         """
         loop = self.loop
         token = secrets.token_urlsafe(TOKEN_BYTES)
-        now = loop.time()
-        record = RolloutRecord(rollout_id, token_digest(token), now + self._lease_sec, now)
+        record = RolloutRecord(
+            rollout_id,
+            token_digest(token),
+            loop.time() + self._lease_sec,
+            time.monotonic() if admitted_at is None else admitted_at,
+        )
         self._records[rollout_id] = record
         try:
             task = start(record)
@@ -277,15 +307,15 @@ class RolloutRegistry:
         if record._lease_timer is not None:
             self._deadlines.cancel(record._lease_timer)
             record._lease_timer = None
-        if self._collecting:
-            record._collect_pending = True
-            self._undelivered += 1
+        self._undelivered += 1
         self.waits.wake(record)
         if not self._closed:
             loop = self.loop
             record._retention_timer = self._deadlines.add(
                 loop, loop.time() + self._retention_sec, self._on_retention_elapsed, record
             )
+        for observer in self._observers:
+            observer.published(record, status, err_category)
         return True
 
     def _log_finished(
@@ -306,9 +336,10 @@ class RolloutRegistry:
             record.rollout_id,
             status.value,
             None if err_category is None else err_category.value,
-            self.loop.time() - record.admitted_at,
+            time.monotonic() - record.admitted_at,
             None if sample is None else sample.reward,
             err_message,
+            extra=log_fields(record.rollout_id, status, err_category),
         )
 
     def deliver_status(self, record: RolloutRecord) -> RolloutStatus:
@@ -327,10 +358,9 @@ class RolloutRegistry:
         if record.delivered:
             return
         record.delivered = True
-        if record._collect_pending:
-            self._undelivered -= 1
-            if self._undelivered == 0 and self._delivered is not None:
-                _resolve(self._delivered)
+        self._count_delivered()
+        for observer in self._observers:
+            observer.delivered(record)
 
     # -- leases ---------------------------------------------------------------------------
 
@@ -451,9 +481,18 @@ class RolloutRegistry:
                             err_category=fields.err_category,
                         )
                     return
-                logger.error("Rollout task for %s ended without a result", rollout_id)
+                logger.error(
+                    "Rollout task for %s ended without a result",
+                    rollout_id,
+                    extra=log_fields(rollout_id, "failure", "internal_error"),
+                )
         else:
-            logger.error("Rollout task for %s crashed", rollout_id, exc_info=exc)
+            logger.error(
+                "Rollout task for %s crashed",
+                rollout_id,
+                exc_info=exc,
+                extra=log_fields(rollout_id, "failure", "internal_error"),
+            )
         self.publish(
             record,
             status=RolloutStatus.FAILURE,
@@ -471,13 +510,16 @@ class RolloutRegistry:
         if self._records.get(record.rollout_id) is not record:
             return
         del self._records[record.rollout_id]
-        if record._collect_pending and not record.delivered:
-            record._collect_pending = False
-            self._undelivered -= 1
-            if self._undelivered == 0 and self._delivered is not None:
-                _resolve(self._delivered)
+        if not record.delivered:
+            self._count_delivered()
         for fut in self._removal_waiters.pop(record.rollout_id, ()):
             _resolve(fut)
+
+    def _count_delivered(self) -> None:
+        """One published result fewer awaits its first delivery (delivered or removed)."""
+        self._undelivered -= 1
+        if self._undelivered == 0 and self._delivered is not None:
+            _resolve(self._delivered)
 
     # -- waiting for the whole registry ---------------------------------------------------
 
@@ -489,20 +531,9 @@ class RolloutRegistry:
             _resolve(self._idle)
         return self._idle
 
-    def start_collecting(self) -> None:
-        """Count every published result no poll has delivered yet, and from now on every
-        result published, until a poll has delivered each (or it is removed)."""
-        if self._collecting:
-            return
-        self._collecting = True
-        for record in self._records.values():
-            if record.body is not None and not record.delivered:
-                record._collect_pending = True
-                self._undelivered += 1
-
     def delivered_future(self) -> asyncio.Future[None]:
-        """A future that is done once every result counted by :meth:`start_collecting` has
-        been delivered (or removed)."""
+        """A future that is done once every published result held has been delivered (or
+        removed); done now if none is waiting."""
         if self._delivered is None or self._delivered.done():
             self._delivered = self.loop.create_future()
         if self._undelivered == 0:

@@ -3,12 +3,15 @@
 * ``GET /health``: backend health plus identity, lifecycle and protocol version;
 * ``POST /rollout``: 422 → 400 (pre-0.3.3 caller) → 503 → 429 → 409 → 202;
 * ``GET /rollout/{rollout_id}/result``: 422 → 404 → 403 → result, or renew and long-poll;
-* ``POST /rollout/cancel``: exactly one selector, one disposition per selected id.
+* ``POST /rollout/cancel``: exactly one selector, one disposition per selected id;
+* ``GET /metrics``: the server's Prometheus metrics, unless they are turned off.
 
 (401 and 426 come first, from the middleware.) A request body must arrive within
 ``body_read_timeout_sec`` (else 408, closing the connection); one that cannot be read (a
 Content-Encoding that does not decode, broken chunked framing, a connection that breaks
-off) gets 400, and one larger than ``max_body_bytes`` gets 413.
+off) gets 400, and one larger than ``max_body_bytes`` gets 413. With metrics or tracing on,
+admissions are counted by answer (every status above, and 500) and traced (a span
+continuing the caller's ``traceparent``).
 """
 
 from __future__ import annotations
@@ -112,7 +115,16 @@ class Routes:
         server: The server the handlers call.
     """
 
-    __slots__ = ("_body_sec", "_max_body", "_registry", "_server", "_wait_sec", "_waits")
+    __slots__ = (
+        "_body_sec",
+        "_max_body",
+        "_metrics",
+        "_registry",
+        "_server",
+        "_tracing",
+        "_wait_sec",
+        "_waits",
+    )
 
     def __init__(self, server: RolloutServer) -> None:
         self._server = server
@@ -121,19 +133,25 @@ class Routes:
         self._wait_sec = server.result_wait_timeout_sec
         self._max_body = server.max_body_bytes
         self._body_sec = server.body_read_timeout_sec
+        self._metrics = server.metrics
+        self._tracing = server.tracing
 
     def table(self) -> list[web.RouteDef]:
         """The route table: ``/health``, ``/rollout``, ``/rollout/{id}/result``,
-        ``/rollout/cancel``."""
+        ``/rollout/cancel``, and ``/metrics`` when the server has metrics."""
         # The result handler answers its own failures (middleware.self_guarded); the bound
         # method marked is the one the route keeps, so the mark lives as long as the route.
         result = self_guarded(self.result)
-        return [
+        observed = self._metrics is not None or self._tracing is not None
+        routes = [
             web.get("/health", self.health, allow_head=False),
-            web.post("/rollout", self.admit),
+            web.post("/rollout", self.observed_admit if observed else self.admit),
             web.get("/rollout/{rollout_id:[^/]+}/result", result, allow_head=False),
             web.post("/rollout/cancel", self.cancel),
         ]
+        if self._metrics is not None:
+            routes.append(web.get("/metrics", self.metrics, allow_head=False))
+        return routes
 
     # -- handlers -------------------------------------------------------------------------
 
@@ -178,6 +196,33 @@ class Routes:
                 )
             ),
         )
+
+    async def observed_admit(self, request: web.Request) -> web.Response:
+        """``POST /rollout`` counted by answer (metrics) and traced: a server span that
+        continues the caller's trace, current while the rollout's task is created."""
+        metrics = self._metrics
+        tracing = self._tracing
+        try:
+            if tracing is None:
+                response = await self.admit(request)
+            else:
+                with tracing.admission(request.headers) as answered:
+                    response = await self.admit(request)
+                    answered(response.status)
+        except Exception:
+            if metrics is not None:
+                metrics.admission_answered(500)
+            raise
+        if metrics is not None:
+            metrics.admission_answered(response.status)
+        return response
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """``GET /metrics``: the Prometheus text format (OpenMetrics when asked for)."""
+        metrics = self._metrics
+        assert metrics is not None  # the route exists only with metrics
+        body, content_type = metrics.exposition(request.headers.get(hdrs.ACCEPT))
+        return web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
 
     async def result(self, request: web.Request) -> web.Response:
         """``GET /rollout/{rollout_id}/result``: 422 → 404 → 403 → the result, or renew the

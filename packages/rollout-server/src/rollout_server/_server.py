@@ -3,7 +3,9 @@
 It holds the registry, the backend, the server's identity and its settings, and does what
 the routes ask of it: admit a rollout, cancel a selection (through its
 :class:`~rollout_server._cancellation.Cancellation`), describe its health. It also runs
-the staged shutdown (:mod:`rollout_server._shutdown`) once. It knows no HTTP: the routes
+the staged shutdown (:mod:`rollout_server._shutdown`) once, and owns the server's metrics
+(:mod:`rollout_server._metrics`) and tracing (:mod:`rollout_server._tracing`), which
+observe the registry, the cancellations and every execution. It knows no HTTP: the routes
 (:mod:`rollout_server._routes`) and the app (:mod:`rollout_server._app`) sit on top of it.
 
 Admission asks the backend for room exactly once per admitted rollout, however many
@@ -17,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import enum
 import os
 import time
 import uuid
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from rollout_types import (
@@ -37,10 +40,13 @@ from ._backend import ExecutionBackend, ExecutionRequest
 from ._cancellation import Cancellation
 from ._execution import StatusSink, execution_result, start_execution
 from ._logtext import get_logger
+from ._metrics import ServerMetrics
+from ._observer import NO_OBSERVER, ExecutionObserver
 from ._record import RolloutRecord
-from ._registry import RolloutRegistry
+from ._registry import PublicationObserver, RolloutRegistry
 from ._sanitize import fit_json
 from ._shutdown import ShutdownTimeouts, run_staged_shutdown
+from ._tracing import ServerTracing
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 
 __all__ = [
@@ -150,6 +156,13 @@ class _AdmissionTurns:
                 return
 
 
+_NOT_TRACED: Final = contextlib.nullcontext()
+
+
+def _not_traced(_record: RolloutRecord) -> contextlib.AbstractContextManager[None]:
+    return _NOT_TRACED
+
+
 def _instance_id_from_env() -> str | None:
     for name in INSTANCE_ID_ENV_VARS:
         value = os.environ.get(name)
@@ -180,6 +193,8 @@ class RolloutServer:
             status change, for a result that may follow, seconds (put off while the event
             loop is saturated).
         shutdown_timeouts: Bounds of the staged shutdown.
+        metrics: The Prometheus metrics (``GET /metrics``), or None when turned off.
+        tracing: The OpenTelemetry spans of the server, or None when it does not trace.
     """
 
     def __init__(
@@ -197,6 +212,8 @@ class RolloutServer:
         requires_auth: bool = False,
         access_log: bool = False,
         status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
+        metrics: bool = True,
+        tracing: ServerTracing | None = None,
     ) -> None:
         self.backend = backend
         self.result_wait_timeout_sec = result_wait_timeout_sec
@@ -212,14 +229,29 @@ class RolloutServer:
         self.status_change_grace_sec = status_change_grace_sec
         self.process_id = str(uuid.uuid4())
         self.instance_id = _instance_id_from_env() or self.process_id
+        self.metrics = ServerMetrics(self) if metrics else None
+        self.tracing = tracing
+        observers: list[PublicationObserver] = [
+            observer for observer in (self.metrics, tracing) if observer is not None
+        ]
         self.registry = RolloutRegistry(
             polling_lease_timeout_sec=polling_lease_timeout_sec,
             result_retention_sec=result_retention_sec,
             on_lease_expired=self._on_lease_expired,
             outcome_of=execution_result,
             status_change_grace_sec=status_change_grace_sec,
+            observers=observers,
         )
-        self._cancellation = Cancellation(registry=self.registry, backend=backend, spawn=self.spawn)
+        self._cancellation = Cancellation(
+            registry=self.registry,
+            backend=backend,
+            spawn=self.spawn,
+            on_answered=None if self.metrics is None else self.metrics.cancelled,
+        )
+        self._observer: ExecutionObserver = NO_OBSERVER if self.metrics is None else self.metrics
+        self._trace_scope: Callable[[RolloutRecord], contextlib.AbstractContextManager[None]] = (
+            _not_traced if tracing is None else tracing.rollout_scope
+        )
         self._reserves = _overrides(backend, "try_reserve")
         self._takes_turns = not self._reserves and _overrides(backend, "has_capacity")
         self._turns: _AdmissionTurns | None = None
@@ -274,6 +306,8 @@ class RolloutServer:
             if self._reserves:
                 self._release_reservation()
             return Refusal.DUPLICATE
+        observer = self._observer
+        trace_scope = self._trace_scope
         admitted_at = time.monotonic()
         scheduled = False
 
@@ -291,22 +325,25 @@ class RolloutServer:
                 request_extra_fields=init.extra_fields,
                 admitted_at=admitted_at,
                 on_status=StatusSink(registry, record),
+                observer=observer,
             )
             nonlocal scheduled
             scheduled = True  # start_execution schedules _on_start before anything else
             if self._turns is not None:
                 self._turns.unstarted += 1
-            return start_execution(
-                registry=registry,
-                backend=backend,
-                record=record,
-                request=request,
-                process_id=self.process_id,
-                on_start=self._on_start,
-            )
+            # Traced: the task's context gets the rollout's span (and the server's tracer).
+            with trace_scope(record):
+                return start_execution(
+                    registry=registry,
+                    backend=backend,
+                    record=record,
+                    request=request,
+                    process_id=self.process_id,
+                    on_start=self._on_start,
+                )
 
         try:
-            _record, token = registry.register(init.rollout_id, start)
+            _record, token = registry.register(init.rollout_id, start, admitted_at)
         except BaseException:
             if not scheduled and self._reserves:
                 self._release_reservation()
@@ -380,11 +417,15 @@ class RolloutServer:
 
     # -- shutdown -------------------------------------------------------------------------
 
+    @property
+    def draining(self) -> bool:
+        """True while the staged shutdown runs."""
+        return self._drain_task is not None and not self._drain_task.done()
+
     def begin_shutdown(self) -> None:
         """Close admissions (503 from now on); result polls keep being served."""
         if self._accepting:
             self._accepting = False
-            self.registry.start_collecting()
             logger.info("Rollout server shutting down: admissions closed")
 
     async def drain(self, *, collect: bool = True) -> None:
