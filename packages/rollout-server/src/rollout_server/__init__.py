@@ -1,5 +1,5 @@
-"""Rollout server on aiohttp: ``create_rollout_server()``, the backend interface and
-``LocalBackend``."""
+"""Rollout server on aiohttp: ``create_rollout_server()``, the backend interface,
+``LocalBackend`` and ``RayBackend`` (Ray itself is imported only when a RayBackend starts)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ._context import (
 from ._errors import RolloutServerError, ServerConfigError, ServeTargetError
 from ._grader import Grader, GraderConfig, GraderContext
 from ._local_backend import LocalBackend
+from ._ray_backend import RayBackend
 from ._shutdown import ShutdownTimeouts
 from ._workflow import (
     AgentWorkflow,
@@ -45,6 +46,7 @@ __all__ = [
     "GraderConfig",
     "GraderContext",
     "LocalBackend",
+    "RayBackend",
     "RolloutContext",
     "RolloutServer",
     "RolloutServerError",

@@ -371,6 +371,7 @@ class RolloutServer:
 
     async def _lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
         _ = self.registry.loop
+        await self.backend.startup()
         yield
         await self.drain(collect=False)
 
