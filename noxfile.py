@@ -74,6 +74,7 @@ nox.options.sessions = [
     "tests_server",
     "integration",
     "interop",
+    "ray",
 ]
 
 
@@ -409,6 +410,49 @@ def interop(session: nox.Session) -> None:
     side in its own venv; runs tests/interop and tests/compat. Posargs go to pytest.
     """
     run_matrix(session, [pair for pair in compat_table() if pair.quick], session.posargs)
+
+
+RAY_TESTS = (
+    "packages/rollout-server/tests/test_ray_backend.py",
+    "packages/rollout-server/tests/test_local_http.py",
+)
+"""RayBackend's own tests, and the real-backend HTTP suite run against RayBackend."""
+
+
+@nox.session(python=PEER_PYTHON)
+def ray(session: nox.Session) -> None:
+    """RayBackend on a real Ray cluster (127.0.0.1 only), in CI.
+
+    Installs rollout-server[ray] from wheels; runs RayBackend's tests (fault injection on a
+    multi-node cluster in one machine) and the backend-independent HTTP suite with
+    ``--backend=ray``, then osmosis-ai 0.3.8's client against a RayBackend server: the
+    pull-protocol interop suite with ``ROLLOUT_INTEROP_OURS_BACKEND=ray``, this venv as
+    the server side and an osmosis-ai venv as the client (only that pair). Ray stays out
+    of the ``interop`` session's venvs. Posargs go to both pytest runs.
+    """
+    install_wheels(session, "rollout-types", "rollout-server", extras={"rollout-server": "ray"})
+    session.install(*HARNESS_DEPS)
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    session.run("pytest", *RAY_TESTS, "--backend=ray", *session.posargs, env=env)
+    osmosis = Side(distribution="osmosis-ai", version="0.3.8")
+    server_python = str(Path(session.bin) / "python")
+    listing = [
+        {
+            "id": "osmosis-0.3.8-client-vs-ray-backend",
+            "client": {"peer": osmosis.peer, "python": make_side_venv(session, osmosis)},
+            "server": {"peer": "ours-server", "python": server_python},
+            "expect": "works",
+            "error": None,
+        }
+    ]
+    pairs_file = Path(session.create_tmp()) / "ray-pairs.json"
+    pairs_file.write_text(json.dumps(listing, indent=2), "utf-8")
+    env.update(
+        ROLLOUT_INTEROP_REQUIRE="1",
+        ROLLOUT_COMPAT_PAIRS=str(pairs_file),
+        ROLLOUT_INTEROP_OURS_BACKEND="ray",
+    )
+    session.run("pytest", "tests/interop/test_pull_protocol.py", *session.posargs, env=env)
 
 
 HEAD_AS_RELEASE = "--head-as-release"

@@ -70,8 +70,8 @@ RESERVED_OPTIONS: Final = frozenset(
 """Actor options the pool sets itself (see :mod:`rollout_server._ray_pool`)."""
 
 LOOPBACK_ENV: Final = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-"""Set to ``0`` (unless set already) before RayBackend starts a local cluster itself:
-every Ray process then binds to 127.0.0.1 only."""
+"""Set to ``0`` (unless set already) before RayBackend imports Ray to start a local cluster
+itself: every Ray process then binds to 127.0.0.1 only (Ray reads it when imported)."""
 
 INSTALL_HINT: Final = "RayBackend needs Ray: pip install 'rollout-server[ray]'"
 
@@ -285,14 +285,15 @@ class RayBackend(ExecutionBackend):
         await asyncio.shield(self._starting)
 
     async def _start(self) -> WorkerPool:
+        address = self._address or os.environ.get("RAY_ADDRESS") or "local"
+        if address == "local":
+            # Read when Ray is imported: too late if the application imported Ray already.
+            os.environ.setdefault(LOOPBACK_ENV, "0")
         try:
             import ray
         except ImportError as exc:
             raise ImportError(INSTALL_HINT) from exc
         if not ray.is_initialized():
-            address = self._address or os.environ.get("RAY_ADDRESS") or "local"
-            if address == "local":
-                os.environ.setdefault(LOOPBACK_ENV, "0")
             ray.init(address=address, **self._init_options)
             self._owns_ray = True
         self._cluster_address = ray.get_runtime_context().gcs_address
@@ -475,7 +476,7 @@ class RayBackend(ExecutionBackend):
             None if grader_timeout is None else max(0.0, grader_timeout) + grace
         )
         loop = asyncio.get_running_loop()
-        deadline = asyncio.timeout(
+        deadline = asyncio.timeout_at(
             None if timeout is None else loop.time() + (entered + timeout + grace - held_from)
         )
         try:

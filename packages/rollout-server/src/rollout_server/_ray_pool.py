@@ -347,9 +347,18 @@ class WorkerPool:
             self._end(dispatch)
             raise
         dispatch.call = call
-        call.add_done_callback(_consume)
-        call.add_done_callback(lambda _call: self._end(dispatch))
+        call.add_done_callback(lambda _call: self._call_done(dispatch, call))
         return dispatch
+
+    def _call_done(self, dispatch: Dispatch, call: asyncio.Future[Any]) -> None:
+        error = None if call.cancelled() else call.exception()
+        if error is not None:
+            from ray.exceptions import RayActorError
+
+            if isinstance(error, RayActorError):
+                self._lose(dispatch.worker, describe_ray_error(error))
+                return
+        self._end(dispatch)
 
     async def wait(self, dispatch: Dispatch, deadline: asyncio.Timeout) -> Any:
         """What the worker's ``run`` call returned for ``dispatch``.
@@ -370,10 +379,7 @@ class WorkerPool:
             error = call.exception()
             if error is None:
                 return call.result()
-            from ray.exceptions import RayActorError
-
-            if isinstance(error, RayActorError):
-                self._lose(worker, describe_ray_error(error))
+            if worker.lost.done():  # an actor error: the worker is gone
                 raise RolloutLostError(_lost_message(worker, worker.lost.result())) from error
             raise RolloutLostError(
                 f"Ray {worker.label} could not return this rollout's result: "
