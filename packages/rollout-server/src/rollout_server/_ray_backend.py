@@ -132,7 +132,8 @@ class RayBackend(ExecutionBackend):
         grader_config: As for :class:`LocalBackend`.
         num_workers: How many worker actors the pool keeps; default 1.
         max_concurrent_per_worker: Rollouts one worker runs at once; default the workflow
-            config's ``concurrency.max_concurrent``, else 4.
+            config's ``concurrency.max_concurrent``, else 4 (also when the config sets no
+            limit: a worker needs a slot count).
         max_queued: The most rollouts that may wait for a slot: when that many wait (and
             no slot is free), :meth:`has_capacity` is False and admission answers 429.
             None (the default) queues without bound; 0 refuses whenever every slot of
@@ -156,9 +157,7 @@ class RayBackend(ExecutionBackend):
             imports); default 120.0.
 
     Raises:
-        ValueError: On an invalid count, option or grace, a malformed import string, or
-            a workflow config without a concurrency limit and no
-            ``max_concurrent_per_worker``.
+        ValueError: On an invalid count, option or grace, or a malformed import string.
         ImportError: When an import string names a missing module or attribute.
         TypeError: When ``workflow``/``grader`` is not a concrete subclass of the base
             class, or a config is not a config.
@@ -193,12 +192,8 @@ class RayBackend(ExecutionBackend):
         )
         self._num_workers = _count("num_workers", num_workers, minimum=1)
         if max_concurrent_per_worker is None:
-            slots = DEFAULT_MAX_CONCURRENT if config is None else config.concurrency.max_concurrent
-            if slots is None:
-                raise ValueError(
-                    "the workflow config has concurrency.max_concurrent=None (no limit), but "
-                    "a RayBackend worker needs a slot count: set max_concurrent_per_worker"
-                )
+            limit = None if config is None else config.concurrency.max_concurrent
+            slots = DEFAULT_MAX_CONCURRENT if limit is None else limit
         else:
             slots = _count("max_concurrent_per_worker", max_concurrent_per_worker, minimum=1)
         if max_queued is not None:
