@@ -30,6 +30,7 @@ from rollout_server import (
     RayBackend,
     WorkflowContext,
 )
+from rollout_types import RolloutInitRequest, structure_wire
 
 ray = pytest.importorskip("ray")
 
@@ -242,19 +243,29 @@ class TestDispatch:
 
 
 class TestCapacity:
-    async def test_concurrent_admissions_respect_max_queued_exactly(
-        self, serve: Any, body: Callable[..., dict[str, Any]]
-    ) -> None:
-        """Twelve admissions sent at once to one free slot with max_queued=2 admit exactly
+    async def test_admissions_in_one_loop_turn_respect_max_queued_exactly(self, serve: Any) -> None:
+        """Twelve admissions decided in one event-loop turn (as concurrent requests can be,
+        before any execution starts) with one free slot and max_queued=2 admit exactly
         three: each admission reserves its room before the next is checked."""
         harness = await serve(BlockingWorkflow, max_concurrent_per_worker=1, max_queued=2)
-        replies = await asyncio.gather(
-            *(harness.post_rollout(body(f"r{index}", grade=False)) for index in range(12))
-        )
-        statuses = sorted(reply.status for reply in replies)
-        assert statuses == [202] * 3 + [429] * 9
+        backend, server = harness.backend, harness.server
+        admitted = []
+        for index in range(12):  # no await in between: one loop turn, as in the handler
+            if backend.has_capacity():
+                init = structure_wire(
+                    {"initial_messages": [], "rollout_id": f"r{index}", "grade": False,
+                     "chat_completions_url": ""},
+                    RolloutInitRequest,
+                )  # fmt: skip
+                admitted.append((f"r{index}", server.admit(init)))
+        assert [rollout_id for rollout_id, _ in admitted] == ["r0", "r1", "r2"]
         health = await ray_health(harness, lambda b: b["concurrency"]["running"] == 1)
         assert health["concurrency"]["queued"] == 2
+        assert not backend.has_capacity()
+        gates().set("r0")
+        assert (await result_of(harness, *admitted[0]))["status"] == "success"
+        await ray_health(harness, lambda b: b["concurrency"]["queued"] == 1)
+        assert backend.has_capacity()
 
     async def test_queue_deadline_fails_without_reaching_a_worker(self, serve: Any) -> None:
         """A rollout whose agent deadline passes while it waits for a slot fails as timeout,
@@ -412,11 +423,18 @@ class TestFaults:
     ) -> None:
         """Removing the node a worker runs on fails its rollouts as internal_error; the
         replacement starts on another node that has the resource and serves."""
-        doomed = ray_cluster.add_node(num_cpus=1, resources={"spot": 1})
-        harness = await serve(BlockingWorkflow, worker_options={"resources": {"spot": 1}})
+        nodes = [ray_cluster.add_node(num_cpus=1, resources={"spot": 1}) for _ in range(2)]
+        # A long lease: the cluster's calls below block the loop for seconds.
+        harness = await serve(
+            BlockingWorkflow,
+            worker_options={"resources": {"spot": 1}},
+            server={"polling_lease_timeout_sec": 120.0},
+        )
         token = await harness.admit("a", grade=False)
         await until_set("started:a")
-        spare = ray_cluster.add_node(num_cpus=1, resources={"spot": 1})
+        (worker,) = (await harness.health()).json["ray"]["pool"]
+        doomed = next(node for node in nodes if node.node_id == worker["node_id"])
+        spare = next(node for node in nodes if node is not doomed)
         try:
             ray_cluster.remove_node(doomed, allow_graceful=False)
             result = await result_of(harness, "a", token)

@@ -95,6 +95,7 @@ class PoolWorker:
             "running": self.held,
             "pid": self.info.get("pid"),
             "node_ip": self.info.get("node_ip"),
+            "node_id": self.info.get("node_id"),
         }
 
 
@@ -214,7 +215,7 @@ class WorkerPool:
                 worker.watcher.cancel()
         live = [w for w in workers if w.ready and not w.lost.done()]
         if live:
-            calls = [asyncio.ensure_future(w.handle.shutdown.remote()) for w in live]
+            calls = [_future(w.handle.shutdown.remote()) for w in live]
             _, pending = await asyncio.wait(calls, timeout=drain_sec)
             for call in calls:
                 call.add_done_callback(_consume)
