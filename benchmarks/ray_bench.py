@@ -12,7 +12,9 @@ configuration and a markdown table. Workloads:
   each; rollouts/s (LocalBackend, RayBackend with 1 and 2 workers). Meanwhile, probe
   rollouts (sleep 0.2 s, no CPU) one at a time measure how late their result reaches the
   caller after the workflow finished (``done_at`` against the receipt, both wall clock on
-  this machine): the long poll's responsiveness while workers compute.
+  this machine; with Ray it includes the wait for the worker's own busy loop), and a
+  ``GET /health`` every 50 ms measures the server's own responsiveness (what every long
+  poll waits on).
 * ``recovery``: RayBackend with 2 workers and 8 sleeping rollouts; SIGKILL of one worker;
   seconds until each of its rollouts is published as a failure, and until the pool serves
   again with every worker alive (a new rollout succeeds on a full pool).
@@ -164,13 +166,22 @@ async def scaling(backend: str, workers: int, count: int, concurrency: int) -> d
                     assert result.sample is not None
                     delays.append(received - float(result.sample.metrics["done_at"]))
 
+            pings: list[float] = []
+
+            async def ping() -> None:
+                while not stop.is_set():
+                    start = time.perf_counter()
+                    await rollout_client.health()
+                    pings.append(time.perf_counter() - start)
+                    await asyncio.sleep(0.05)
+
             async with asyncio.timeout(RUN_BOUND_SEC):
-                prober = asyncio.create_task(probe())
+                probers = [asyncio.create_task(probe()), asyncio.create_task(ping())]
                 start = time.perf_counter()
                 await asyncio.gather(*(loop() for _ in range(concurrency)))
                 elapsed = time.perf_counter() - start
                 stop.set()
-                await prober
+                await asyncio.gather(*probers)
     return {
         "workload": "scaling",
         "backend": backend,
@@ -181,6 +192,8 @@ async def scaling(backend: str, workers: int, count: int, concurrency: int) -> d
         "probes": len(delays),
         "notify_p50_ms": percentile(delays, 0.5) * 1e3,
         "notify_p99_ms": percentile(delays, 0.99) * 1e3,
+        "health_p50_ms": percentile(pings, 0.5) * 1e3,
+        "health_p99_ms": percentile(pings, 0.99) * 1e3,
     }
 
 
@@ -221,7 +234,7 @@ async def recovery(in_flight: int) -> dict[str, Any]:
                 served_after = time.perf_counter() - killed_at
                 for task in pending:
                     task.cancel()
-    statuses = sorted({(r.status, r.err_category) for r in failures})
+    statuses = sorted({(_text(r.status), _text(r.err_category)) for r in failures})
     return {
         "workload": "recovery",
         "backend": "ray",
@@ -230,9 +243,14 @@ async def recovery(in_flight: int) -> dict[str, Any]:
         "outcomes": [list(pair) for pair in statuses],
         "all_failed_after_sec": failed_after,
         "replacement_alive_after_sec": alive_after,
-        "next_rollout": served.status,
+        "next_rollout": _text(served.status),
         "next_rollout_done_after_sec": served_after,
     }
+
+
+def _text(value: Any) -> str:
+    """An enum's value (or the value itself) as text."""
+    return str(getattr(value, "value", value))
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -240,7 +258,7 @@ def table(results: list[dict[str, Any]]) -> str:
     lines = ["| workload | backend | figures | load avg |", "|---|---|---|---|"]
     for result in results:
         figures = {
-            k: round(v, 2) if isinstance(v, float) else v
+            k: round(v, 2) if isinstance(v, float) else str(v) if isinstance(v, list) else v
             for k, v in result.items()
             if k not in ("workload", "backend", "load_average")
         }

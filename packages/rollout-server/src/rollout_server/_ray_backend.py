@@ -12,7 +12,7 @@ rollout runs in one of ``num_workers`` long-lived async actors
    LocalBackend holds the slot and ``grading`` when the grader starts; the pool relays
    both (:mod:`rollout_server._ray_pool`).
 3. The worker runs LocalBackend's phases (deadlines, grading gate, error categories,
-   artifacts and trajectory files on its node) and returns the fields to publish.
+   artifacts and trajectory files on its node) and returns the outcome.
 
 Meanwhile the server enforces the rollout's own deadline plus ``deadline_grace_sec``, so
 a wedged worker cannot hold a rollout forever; a cancellation is forwarded to the worker
@@ -34,9 +34,9 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
-from rollout_types import RolloutErrorCategory, RolloutSample, RolloutStatus
+from rollout_types import RolloutErrorCategory, RolloutStatus
 
-from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
+from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult
 from ._context import current_rollout_context
 from ._grader import Grader, GraderConfig
 from ._local_backend import (
@@ -50,7 +50,7 @@ from ._local_backend import (
     _timeout,
 )
 from ._ray_pool import RolloutLostError, WorkerPool
-from ._ray_worker import CANCELLED, RolloutWorker, WorkerSpec, portable_request
+from ._ray_worker import RolloutWorker, WorkerSpec, portable_request
 from ._workflow import AgentWorkflow, AgentWorkflowConfig
 
 __all__ = ["RayBackend"]
@@ -91,31 +91,6 @@ def _count(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
     return value
-
-
-def _outcome(fields: Mapping[str, Any]) -> ExecutionOutcome:
-    """The outcome the server publishes, from the fields a worker made wire-safe."""
-    wire: RolloutSample | None = fields["sample"]
-    sample = (
-        None
-        if wire is None
-        else Sample(
-            messages=list(wire.messages),
-            label=wire.label,
-            reward=wire.reward,
-            remove_sample=wire.remove_sample,
-            metrics=dict(wire.metrics),
-            extra_fields=dict(wire.extra_fields),
-        )
-    )
-    return ExecutionOutcome(
-        workflow=ExecutionResult(
-            status=fields["status"],
-            sample=sample,
-            err_message=fields["err_message"],
-            err_category=fields["err_category"],
-        )
-    )
 
 
 class RayBackend(ExecutionBackend):
@@ -437,8 +412,8 @@ class RayBackend(ExecutionBackend):
             request: The admitted rollout.
 
         Returns:
-            The reported result as the worker made it wire-safe (in
-            :attr:`ExecutionOutcome.workflow`).
+            The worker's outcome (without the trajectory snapshot and the diagnostics,
+            which stay in the files on the worker's node).
 
         Raises:
             asyncio.CancelledError: When cancelled; the rollout has stopped on its worker
@@ -475,7 +450,7 @@ class RayBackend(ExecutionBackend):
             None if timeout is None else loop.time() + (entered + timeout + grace - held_from)
         )
         try:
-            fields = await pool.wait(dispatch, deadline)
+            outcome = await pool.wait(dispatch, deadline)
         except asyncio.CancelledError:
             await pool.stop(dispatch, "the rollout was cancelled")
             raise
@@ -500,12 +475,12 @@ class RayBackend(ExecutionBackend):
                 )
             )
         self._observe_duration(time.monotonic() - held_from)
-        if fields == CANCELLED:
-            # Stopped on the worker without a cancellation from here (a ray.cancel()).
-            return ExecutionOutcome(
-                workflow=ExecutionResult(status=RolloutStatus.CANCELLED, err_message="cancelled")
-            )
-        return _outcome(fields)
+        if isinstance(outcome, ExecutionOutcome):
+            return outcome
+        # CANCELLED: stopped on the worker without a cancellation from here (a ray.cancel()).
+        return ExecutionOutcome(
+            workflow=ExecutionResult(status=RolloutStatus.CANCELLED, err_message="cancelled")
+        )
 
     def _observe_duration(self, seconds: float) -> None:
         if self._mean_duration_sec is None:

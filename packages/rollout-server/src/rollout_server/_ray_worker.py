@@ -6,8 +6,8 @@ artifacts directory and the trajectory files, all on the worker's node), run as 
 with the rollout's :class:`~rollout_server.RolloutContext` bound, as the server runs it in
 process. The server talks to the actor through four methods:
 
-* :meth:`RolloutWorker.run` executes one rollout and returns the fields to publish
-  (:func:`~rollout_server._execution.wire_result` of the reported result), or
+* :meth:`RolloutWorker.run` executes one rollout and returns its outcome (lightened: the
+  trajectory snapshot and the diagnostics stay in the files written here), or
   :data:`CANCELLED` once a cancellation has stopped it: the call's end is the server's
   acknowledgement that the rollout no longer runs;
 * :meth:`RolloutWorker.cancel` cancels rollouts by dispatch key (before or after their
@@ -29,17 +29,15 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
 
-from rollout_types import RolloutErrorCategory, RolloutStatus, scrub_text
+from rollout_types import RolloutErrorCategory, RolloutStatus
 
-from ._backend import ExecutionOutcome, ExecutionRequest
+from ._backend import ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
 from ._categorize import categorize_exception
 from ._context import RolloutContext, context_binding
-from ._execution import FALLBACK_MESSAGE, wire_result
 from ._grader import Grader, GraderConfig
 from ._limiter import ConcurrencyLimiter
 from ._local_backend import LocalBackend
@@ -140,8 +138,10 @@ class RolloutWorker:
 
     async def run(
         self, key: int, request: ExecutionRequest, elapsed_sec: float, process_id: str
-    ) -> dict[str, Any] | str:
-        """Execute one rollout; return the fields to publish, or :data:`CANCELLED`.
+    ) -> ExecutionOutcome | str:
+        """Execute one rollout; return its outcome (see :func:`portable_outcome`), or
+        :data:`CANCELLED`. An exception of ``execute()`` becomes a categorised failure, as
+        the server reports one.
 
         Args:
             key: The dispatch key (unique per pool): status changes and cancellations
@@ -177,15 +177,16 @@ class RolloutWorker:
                     await task
             return CANCELLED
         except Exception as exc:  # noqa: BLE001 - reported as the server would report it
-            return {
-                "status": RolloutStatus.FAILURE,
-                "sample": None,
-                "err_message": scrub_text(str(exc)) or FALLBACK_MESSAGE,
-                "err_category": categorize_exception(exc),
-            }
+            return ExecutionOutcome(
+                workflow=ExecutionResult(
+                    status=RolloutStatus.FAILURE,
+                    err_message=str(exc) or type(exc).__name__,
+                    err_category=categorize_exception(exc),
+                )
+            )
         finally:
             self._tasks.pop(key, None)
-        return _fields(request.id, outcome)
+        return portable_outcome(outcome)
 
     async def cancel(self, keys: list[int]) -> None:
         """Cancel the rollouts of ``keys``; a key whose ``run`` has not arrived yet is
@@ -225,16 +226,31 @@ class RolloutWorker:
             self._changed.set()
 
 
-def _fields(rollout_id: str, outcome: Any) -> dict[str, Any]:
-    """The fields to publish for ``outcome`` (what the server's publication would make)."""
+def _portable_result(result: ExecutionResult | None) -> ExecutionResult | None:
+    if result is None:
+        return None
+    sample = result.sample
+    if isinstance(sample, Sample) and sample.trajectory_messages is not None:
+        sample = attrs.evolve(sample, trajectory_messages=None)
+    return attrs.evolve(result, sample=sample, extra_fields=None)
+
+
+def portable_outcome(outcome: Any) -> ExecutionOutcome:
+    """``outcome`` as it travels back to the server: without the trajectory snapshot and
+    the diagnostics (both are in the rollout's files on this node, and never sent).
+
+    Anything else in a sample must pickle; otherwise the server reports the rollout as
+    ``internal_error`` saying its result could not be returned.
+    """
     if not isinstance(outcome, ExecutionOutcome):
-        return {
-            "status": RolloutStatus.FAILURE,
-            "sample": None,
-            "err_message": (
-                f"backend.execute() must return an ExecutionOutcome; got {type(outcome).__name__}"
-            ),
-            "err_category": RolloutErrorCategory.INTERNAL_ERROR,
-        }
-    fields: Mapping[str, Any] = wire_result(rollout_id, outcome.reported())
-    return dict(fields)
+        return ExecutionOutcome(
+            workflow=ExecutionResult(
+                status=RolloutStatus.FAILURE,
+                err_message="backend.execute() must return an ExecutionOutcome; got "
+                f"{type(outcome).__name__}",
+                err_category=RolloutErrorCategory.INTERNAL_ERROR,
+            )
+        )
+    workflow = _portable_result(outcome.workflow)
+    assert workflow is not None
+    return ExecutionOutcome(workflow=workflow, grader=_portable_result(outcome.grader))
