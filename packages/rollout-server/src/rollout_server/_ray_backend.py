@@ -1,0 +1,489 @@
+"""``RayBackend``: run agent workflows and graders on a pool of Ray actors.
+
+The server stays the light front (admission, leases, long polls, publication); each
+rollout runs in one of ``num_workers`` long-lived async actors
+(:class:`~rollout_server._ray_worker.RolloutWorker`), each a :class:`LocalBackend` with
+``max_concurrent_per_worker`` slots. One rollout, as :meth:`RayBackend.execute` runs it:
+
+1. Wait for a free slot in the pool (status ``queued``), in arrival order; the agent
+   deadline already counts, and a rollout whose deadline passes here fails as ``timeout``
+   without reaching a worker.
+2. Dispatch it to the least-loaded live worker. The worker reports ``running`` once its
+   LocalBackend holds the slot and ``grading`` when the grader starts; the pool relays
+   both (:mod:`rollout_server._ray_pool`).
+3. The worker runs LocalBackend's phases (deadlines, grading gate, error categories,
+   artifacts and trajectory files on its node) and returns the outcome.
+
+Meanwhile the server enforces the rollout's own deadline plus ``deadline_grace_sec``, so
+a wedged worker cannot hold a rollout forever; a cancellation is forwarded to the worker
+and, without an acknowledgement within ``cancel_grace_sec``, the worker is killed and
+replaced; a worker that dies fails each of its rollouts as ``internal_error`` with the
+cause. Ray never re-runs a rollout: a caller retries with a new id.
+
+Importing this module does not import Ray; :meth:`RayBackend.startup` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
+
+from rollout_types import RolloutErrorCategory, RolloutStatus
+
+from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult
+from ._context import current_rollout_context
+from ._grader import Grader, GraderConfig
+from ._local_backend import (
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_ROLLOUT_DURATION_SEC,
+    DURATION_EMA_WEIGHT,
+    _deadline_message,
+    _entered,
+    _resolve_class,
+    _resolve_config,
+    _timeout,
+)
+from ._ray_pool import RolloutLostError, WorkerPool
+from ._ray_worker import RolloutWorker, WorkerSpec, portable_request
+from ._workflow import AgentWorkflow, AgentWorkflowConfig
+
+__all__ = ["RayBackend"]
+
+logger: Final = logging.getLogger("rollout_server.ray_backend")
+
+DEFAULT_CANCEL_GRACE_SEC: Final = 5.0
+DEFAULT_DEADLINE_GRACE_SEC: Final = 5.0
+DEFAULT_START_TIMEOUT_SEC: Final = 120.0
+
+CONTROL_CALLS: Final = 8
+"""Actor concurrency beyond the slots: the events long poll, cancellations, pings."""
+
+RESERVED_OPTIONS: Final = frozenset(
+    {"max_restarts", "max_task_retries", "max_concurrency", "concurrency_groups", "name"}
+)
+"""Actor options the pool sets itself (see :mod:`rollout_server._ray_pool`)."""
+
+LOOPBACK_ENV: Final = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Set to ``0`` (unless set already) before RayBackend imports Ray to start a local cluster
+itself: every Ray process then binds to 127.0.0.1 only (Ray reads it when imported)."""
+
+INSTALL_HINT: Final = "RayBackend needs Ray: pip install 'rollout-server[ray]'"
+
+
+def _positive_seconds(name: str, value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a finite number of seconds > 0; got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
+    return value
+
+
+class RayBackend(ExecutionBackend):
+    """Run an :class:`~rollout_server.AgentWorkflow` (and a grader) on a pool of Ray actors.
+
+    The same workflow and grader classes run unchanged under :class:`LocalBackend` and
+    here; pass them as import strings (``"package.module:Attr"``) or as classes whose
+    module every node can import (classes defined in ``__main__`` travel by value).
+
+    Args:
+        workflow: The workflow class, or an import string naming it.
+        workflow_config: As for :class:`LocalBackend`; handed to every rollout unchanged.
+        grader: The grader class, an import string, or None (no grading).
+        grader_config: As for :class:`LocalBackend`.
+        num_workers: How many worker actors the pool keeps; default 1.
+        max_concurrent_per_worker: Rollouts one worker runs at once; default the workflow
+            config's ``concurrency.max_concurrent``, else 4 (also when the config sets no
+            limit: a worker needs a slot count).
+        max_queued: The most rollouts that may wait for a slot: when that many wait (and
+            no slot is free), :meth:`has_capacity` is False and admission answers 429.
+            None (the default) queues without bound; 0 refuses whenever every slot of
+            the live workers is busy.
+        worker_options: Ray actor options of each worker (``num_cpus``, ``num_gpus``,
+            ``memory``, ``resources``, ``runtime_env``, ``scheduling_strategy``, ...);
+            default ``{"num_cpus": 1}``. The pool sets ``max_restarts``,
+            ``max_task_retries``, ``max_concurrency`` and ``concurrency_groups`` itself.
+        address: The Ray cluster to join; default ``$RAY_ADDRESS``, else a new local
+            cluster (bound to 127.0.0.1). Ignored when Ray is initialised already.
+        init_options: Further keyword arguments of ``ray.init()`` (such as ``num_cpus``
+            or ``runtime_env``), used only when this backend initialises Ray.
+        artifact_root: Directory on each worker's node under which rollout files go;
+            default as for :class:`LocalBackend`, read on the worker.
+        cancel_grace_sec: How long a worker has to acknowledge a cancellation before it
+            is killed and replaced (its other rollouts then fail); default 5.0.
+        deadline_grace_sec: How long past a rollout's deadline (agent, then grader) the
+            server waits for its worker before it publishes a ``timeout`` itself and
+            treats the worker as wedged; covers the trajectory write; default 5.0.
+        start_timeout_sec: Bound on starting one worker (scheduling, ``runtime_env``,
+            imports); default 120.0.
+
+    Raises:
+        ValueError: On an invalid count, option or grace, or a malformed import string.
+        ImportError: When an import string names a missing module or attribute.
+        TypeError: When ``workflow``/``grader`` is not a concrete subclass of the base
+            class, or a config is not a config.
+
+    .. versionadded:: 0.2
+    """
+
+    reports_queue_status: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        workflow: type[AgentWorkflow] | str,
+        *,
+        workflow_config: AgentWorkflowConfig | Mapping[str, Any] | str | None = None,
+        grader: type[Grader] | str | None = None,
+        grader_config: GraderConfig | Mapping[str, Any] | str | None = None,
+        num_workers: int = 1,
+        max_concurrent_per_worker: int | None = None,
+        max_queued: int | None = None,
+        worker_options: Mapping[str, Any] | None = None,
+        address: str | None = None,
+        init_options: Mapping[str, Any] | None = None,
+        artifact_root: str | os.PathLike[str] | None = None,
+        cancel_grace_sec: float = DEFAULT_CANCEL_GRACE_SEC,
+        deadline_grace_sec: float = DEFAULT_DEADLINE_GRACE_SEC,
+        start_timeout_sec: float = DEFAULT_START_TIMEOUT_SEC,
+    ) -> None:
+        workflow_cls: type[AgentWorkflow] = _resolve_class(workflow, AgentWorkflow, "workflow")
+        config = _resolve_config(workflow_config, AgentWorkflowConfig, "workflow_config")
+        grader_cls: type[Grader] | None = (
+            None if grader is None else _resolve_class(grader, Grader, "grader")
+        )
+        self._num_workers = _count("num_workers", num_workers, minimum=1)
+        if max_concurrent_per_worker is None:
+            limit = None if config is None else config.concurrency.max_concurrent
+            slots = DEFAULT_MAX_CONCURRENT if limit is None else limit
+        else:
+            slots = _count("max_concurrent_per_worker", max_concurrent_per_worker, minimum=1)
+        if max_queued is not None:
+            _count("max_queued", max_queued, minimum=0)
+        self._max_queued = max_queued
+        options = dict(worker_options or {})
+        reserved = sorted(RESERVED_OPTIONS.intersection(options))
+        if reserved:
+            raise ValueError(
+                f"worker_options must not set {', '.join(reserved)}: the pool sets them itself "
+                "(one incarnation per worker, no task retries)"
+            )
+        options.setdefault("num_cpus", 1)
+        options.update(max_restarts=0, max_task_retries=0, max_concurrency=slots + CONTROL_CALLS)
+        self._actor_options = options
+        self._spec = WorkerSpec(
+            workflow=workflow_cls,
+            workflow_config=config,
+            grader=grader_cls,
+            grader_config=_resolve_config(grader_config, GraderConfig, "grader_config"),
+            slots=slots,
+            artifact_root=None if artifact_root is None else os.fspath(artifact_root),
+        )
+        self._address = address
+        self._init_options = dict(init_options or {})
+        self._cancel_grace_sec = _positive_seconds("cancel_grace_sec", cancel_grace_sec)
+        self._deadline_grace_sec = _positive_seconds("deadline_grace_sec", deadline_grace_sec)
+        self._start_timeout_sec = _positive_seconds("start_timeout_sec", start_timeout_sec)
+        self._pool: WorkerPool | None = None
+        self._starting: asyncio.Future[WorkerPool] | None = None
+        self._owns_ray = False
+        self._cluster_address: str | None = None
+        self._reservations: collections.deque[object] = collections.deque()
+        self._mean_duration_sec: float | None = None
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def num_workers(self) -> int:
+        """How many workers the pool keeps."""
+        return self._num_workers
+
+    @property
+    def max_concurrent_per_worker(self) -> int:
+        """Slots of each worker."""
+        return self._spec.slots
+
+    @property
+    def max_queued(self) -> int | None:
+        """The bound on waiting rollouts, or None."""
+        return self._max_queued
+
+    @property
+    def cluster_address(self) -> str | None:
+        """The Ray cluster's address once started (its GCS ``host:port``), else None."""
+        return self._cluster_address
+
+    def worker_pids(self) -> list[int | None]:
+        """The process id of each pool position's live worker (None while it starts)."""
+        pool = self._pool
+        if pool is None:
+            return [None] * self._num_workers
+        return [
+            None if w is None or not w.ready or w.lost.done() else w.info.get("pid")
+            for w in pool.workers
+        ]
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        """Initialise Ray if needed and start the workers; the app calls it at startup.
+
+        Joins ``address`` (else ``$RAY_ADDRESS``, else starts a local cluster) unless Ray
+        is initialised already. Concurrent calls wait for the same start.
+
+        Raises:
+            ImportError: When Ray is not installed.
+            RuntimeError: When a worker cannot start within ``start_timeout_sec``.
+        """
+        if self._pool is not None:
+            return
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> WorkerPool:
+        address = self._address or os.environ.get("RAY_ADDRESS") or "local"
+        if address == "local":
+            # Read when Ray is imported: too late if the application imported Ray already.
+            os.environ.setdefault(LOOPBACK_ENV, "0")
+        try:
+            import ray
+        except ImportError as exc:
+            raise ImportError(INSTALL_HINT) from exc
+        if not ray.is_initialized():
+            ray.init(address=address, **self._init_options)
+            self._owns_ray = True
+        self._cluster_address = ray.get_runtime_context().gcs_address
+        pool = WorkerPool(
+            remote_class=ray.remote(RolloutWorker),
+            spec=self._spec,
+            size=self._num_workers,
+            actor_options=self._actor_options,
+            start_timeout_sec=self._start_timeout_sec,
+            cancel_grace_sec=self._cancel_grace_sec,
+        )
+        try:
+            await pool.start()
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"{exc} (each worker asks for {self._describe_options()}; check that the "
+                f"cluster at {self._cluster_address} has room for {self._num_workers} of them "
+                "and that every node can import the workflow and grader modules)"
+            ) from exc.__cause__
+        self._pool = pool
+        logger.info(
+            "RayBackend started %d worker(s) x %d slot(s) on the Ray cluster at %s",
+            self._num_workers,
+            self._spec.slots,
+            self._cluster_address,
+        )
+        return pool
+
+    def _describe_options(self) -> str:
+        shown = {k: v for k, v in self._actor_options.items() if k not in RESERVED_OPTIONS}
+        return ", ".join(f"{k}={v!r}" for k, v in sorted(shown.items()))
+
+    async def shutdown(self) -> None:
+        """Let the workers finish their file writes (bounded), release the actors, and
+        shut Ray down if this backend initialised it."""
+        pool = self._pool
+        if pool is None and self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+        if pool is not None:
+            await pool.close()
+        if self._owns_ray:
+            import ray
+
+            ray.shutdown()
+            self._owns_ray = False
+
+    # -- ExecutionBackend -------------------------------------------------------------
+
+    def has_capacity(self) -> bool:
+        """False only when ``max_queued`` rollouts already wait and no slot is free.
+
+        Exact under concurrent admissions: a True answer reserves room for the rollout
+        admitted next, which its execution claims when it starts; an unclaimed
+        reservation (the admission was refused after all) lapses within two event-loop
+        iterations.
+        """
+        if self._max_queued is None:
+            return True
+        pool = self._pool
+        free = 0 if pool is None else pool.free_slots()
+        waiting = len(self._reservations) + (0 if pool is None else pool.queued)
+        if waiting >= free + self._max_queued:
+            return False
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return True
+        token = object()
+        self._reservations.append(token)
+        loop.call_soon(loop.call_soon, self._lapse, token)
+        return True
+
+    def _lapse(self, token: object) -> None:
+        try:
+            self._reservations.remove(token)
+        except ValueError:
+            pass
+
+    def _claim(self) -> None:
+        if self._reservations:
+            self._reservations.popleft()
+
+    def retry_after_sec(self) -> float:
+        """How long a refused caller should wait: until the rollouts queued ahead of it
+        would have drained.
+
+        ``(queued + 1) * mean_duration / slots``, clamped to [1, 60] s, where ``slots``
+        is every worker's slots and ``mean_duration`` a moving mean (weight 0.2 for the
+        newest) of how long finished rollouts held a worker slot, 5 s until one has
+        finished.
+        """
+        pool = self._pool
+        queued = len(self._reservations) + (0 if pool is None else pool.queued)
+        mean = (
+            DEFAULT_ROLLOUT_DURATION_SEC
+            if self._mean_duration_sec is None
+            else self._mean_duration_sec
+        )
+        slots = self._num_workers * self._spec.slots
+        return min(60.0, max(1.0, (queued + 1) * mean / slots))
+
+    def health(self) -> dict[str, Any]:
+        """``{"status", "concurrency": {...}, "ray": {...}}``.
+
+        ``status`` is ``ok`` while every worker serves, ``degraded`` while some are being
+        replaced, ``unavailable`` while none serves and ``starting`` before the pool has
+        started. ``concurrency`` has LocalBackend's keys (``max_concurrent`` counts the
+        slots of every worker); ``ray`` has the cluster ``address``, the ``workers``
+        configured and ``workers_alive``, ``slots_per_worker``, ``free_slots``, the
+        count of workers ``lost`` and ``replaced``, and one entry per worker.
+        """
+        pool = self._pool
+        concurrency = {
+            "max_concurrent": self._num_workers * self._spec.slots,
+            "queued": 0 if pool is None else pool.queued,
+            "running": 0 if pool is None else pool.running,
+            "max_queued": self._max_queued,
+        }
+        ray_fields: dict[str, Any] = {
+            "address": self._cluster_address,
+            "workers": self._num_workers,
+            "workers_alive": 0 if pool is None else pool.alive,
+            "slots_per_worker": self._spec.slots,
+            "free_slots": 0 if pool is None else pool.free_slots(),
+            "lost": 0 if pool is None else pool.lost_count,
+            "replaced": 0 if pool is None else pool.replacements,
+            "pool": []
+            if pool is None
+            else [
+                {"index": index, "alive": False} if w is None else w.describe()
+                for index, w in enumerate(pool.workers)
+            ],
+        }
+        if pool is None:
+            status = "starting"
+        elif pool.alive == self._num_workers:
+            status = "ok"
+        else:
+            status = "degraded" if pool.alive else "unavailable"
+        return {"status": status, "concurrency": concurrency, "ray": ray_fields}
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        """Run one rollout on a worker (module docstring).
+
+        Args:
+            request: The admitted rollout.
+
+        Returns:
+            The worker's outcome (without the trajectory snapshot and the diagnostics,
+            which stay in the files on the worker's node).
+
+        Raises:
+            asyncio.CancelledError: When cancelled; the rollout has stopped on its worker
+                (or the worker was killed) by the time this raises, unless a second
+                cancellation cut the wait short.
+        """
+        self._claim()
+        if self._pool is None:
+            await self.startup()
+        pool = self._pool
+        assert pool is not None
+        entered = _entered(request)
+        timeout = request.agent_timeout_sec
+        worker = await pool.acquire(None if timeout is None else entered + timeout)
+        if worker is None:
+            assert timeout is not None
+            message = _deadline_message("workflow", timeout, time.monotonic() - entered)
+            logger.warning("Rollout %s: %s", request.id, message)
+            return ExecutionOutcome(workflow=_timeout(message))
+        ambient = current_rollout_context()
+        process_id = (
+            ambient.process_id if ambient is not None and ambient.rollout_id == request.id else ""
+        )
+        held_from = time.monotonic()
+        payload = (portable_request(request), held_from - entered, process_id)
+        dispatch = pool.dispatch(worker, request, payload)
+        grace = self._deadline_grace_sec
+        grader_timeout = request.grader_timeout_sec
+        dispatch.grading_budget_sec = (
+            None if grader_timeout is None else max(0.0, grader_timeout) + grace
+        )
+        loop = asyncio.get_running_loop()
+        deadline = asyncio.timeout_at(
+            None if timeout is None else loop.time() + (entered + timeout + grace - held_from)
+        )
+        try:
+            outcome = await pool.wait(dispatch, deadline)
+        except asyncio.CancelledError:
+            await pool.stop(dispatch, "the rollout was cancelled")
+            raise
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            phase, limit = ("grader", grader_timeout) if dispatch.grading else ("workflow", timeout)
+            message = (
+                f"{phase} exceeded its {float(limit or 0.0)}s deadline, and Ray "
+                f"{worker.label} did not report within {grace:g}s after it"
+            )
+            logger.error("Rollout %s: %s; cancelling it there", request.id, message)
+            _ = pool.settle(dispatch, "its deadline passed")
+            return ExecutionOutcome(workflow=_timeout(message))
+        except RolloutLostError as exc:
+            logger.error("Rollout %s: %s", request.id, exc)
+            return ExecutionOutcome(
+                workflow=ExecutionResult(
+                    status=RolloutStatus.FAILURE,
+                    err_message=str(exc),
+                    err_category=RolloutErrorCategory.INTERNAL_ERROR,
+                )
+            )
+        self._observe_duration(time.monotonic() - held_from)
+        if isinstance(outcome, ExecutionOutcome):
+            return outcome
+        # CANCELLED: stopped on the worker without a cancellation from here (a ray.cancel()).
+        return ExecutionOutcome(
+            workflow=ExecutionResult(status=RolloutStatus.CANCELLED, err_message="cancelled")
+        )
+
+    def _observe_duration(self, seconds: float) -> None:
+        if self._mean_duration_sec is None:
+            self._mean_duration_sec = seconds
+        else:
+            self._mean_duration_sec += DURATION_EMA_WEIGHT * (seconds - self._mean_duration_sec)
