@@ -30,7 +30,6 @@ from rollout_server import (
     RayBackend,
     WorkflowContext,
 )
-from rollout_types import RolloutInitRequest, structure_wire
 
 ray = pytest.importorskip("ray")
 
@@ -150,12 +149,15 @@ def _ship(ray_cluster: Any, gates: Any) -> None:
 
 @pytest.fixture
 async def serve(make_harness: MakeHarness, tmp_path: Path) -> AsyncIterator[Any]:
-    """Factory: ``await serve(workflow, **RayBackend_kwargs)`` serves a RayBackend (one
-    worker, 2 slots, files under ``tmp_path``, 1 s graces) through ``make_harness``."""
+    """Factory: ``await serve(workflow, server=None, slots=2, **RayBackend_kwargs)`` serves
+    a RayBackend (one worker with ``slots`` slots, files under ``tmp_path``, 1 s graces)
+    through ``make_harness`` (``server``: its keyword arguments)."""
 
-    async def make(workflow: Any, server: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+    async def make(
+        workflow: Any, server: dict[str, Any] | None = None, slots: int = 2, **kwargs: Any
+    ) -> Any:
         kwargs.setdefault("num_workers", 1)
-        kwargs.setdefault("max_concurrent_per_worker", 2)
+        kwargs.setdefault("workflow_config", slot_config(slots))
         kwargs.setdefault("artifact_root", tmp_path)
         kwargs.setdefault("cancel_grace_sec", 1.0)
         kwargs.setdefault("deadline_grace_sec", 1.0)
@@ -165,6 +167,11 @@ async def serve(make_harness: MakeHarness, tmp_path: Path) -> AsyncIterator[Any]
     yield make
     for key in await gates().keys():
         gates().set(key)
+
+
+def slot_config(slots: int | None) -> AgentWorkflowConfig:
+    """A workflow config giving each worker ``slots`` slots."""
+    return AgentWorkflowConfig(name="ray", concurrency={"max_concurrent": slots})
 
 
 async def until_set(key: str) -> None:
@@ -205,6 +212,11 @@ def serving(expected_lost: int) -> Callable[[dict[str, Any]], bool]:
     return check
 
 
+def _finished(record: logging.LogRecord) -> str:
+    """``Rollout <id> finished: status=<status>`` of the registry's one finished line."""
+    return record.getMessage().partition(" err_category=")[0]
+
+
 def error_of(body: dict[str, Any]) -> tuple[str, str | None]:
     return body["status"], body["err_category"]
 
@@ -243,34 +255,10 @@ class TestDispatch:
 
 
 class TestCapacity:
-    async def test_admissions_in_one_loop_turn_respect_max_queued_exactly(self, serve: Any) -> None:
-        """Twelve admissions decided in one event-loop turn (as concurrent requests can be,
-        before any execution starts) with one free slot and max_queued=2 admit exactly
-        three: each admission reserves its room before the next is checked."""
-        harness = await serve(BlockingWorkflow, max_concurrent_per_worker=1, max_queued=2)
-        backend, server = harness.backend, harness.server
-        admitted = []
-        for index in range(12):  # no await in between: one loop turn, as in the handler
-            if backend.has_capacity():
-                init = structure_wire(
-                    {"initial_messages": [], "rollout_id": f"r{index}", "grade": False,
-                     "chat_completions_url": ""},
-                    RolloutInitRequest,
-                )  # fmt: skip
-                admitted.append((f"r{index}", server.admit(init)))
-        assert [rollout_id for rollout_id, _ in admitted] == ["r0", "r1", "r2"]
-        health = await ray_health(harness, lambda b: b["concurrency"]["running"] == 1)
-        assert health["concurrency"]["queued"] == 2
-        assert not backend.has_capacity()
-        gates().set("r0")
-        assert (await result_of(harness, *admitted[0]))["status"] == "success"
-        await ray_health(harness, lambda b: b["concurrency"]["queued"] == 1)
-        assert backend.has_capacity()
-
     async def test_queue_deadline_fails_without_reaching_a_worker(self, serve: Any) -> None:
         """A rollout whose agent deadline passes while it waits for a slot fails as timeout,
         saying how long it was queued, and never runs."""
-        harness = await serve(BlockingWorkflow, max_concurrent_per_worker=1)
+        harness = await serve(BlockingWorkflow, slots=1)
         await harness.admit("a", grade=False)
         await until_set("started:a")
         token = await harness.admit("b", grade=False, agent_timeout_sec=0.3)
@@ -320,7 +308,7 @@ class TestCancellation:
         other = await harness.admit("b", grade=False)
         await until_set("started:a")
         await until_set("started:b")
-        with caplog.at_level(logging.INFO, logger="rollout_server.execution"):
+        with caplog.at_level(logging.DEBUG, logger="rollout_server.registry"):
             await harness.cancel({"ids": ["a"]})
             result = await result_of(harness, "a", stubborn)
             assert (result["status"], result["err_message"]) == ("cancelled", "cancelled")
@@ -333,10 +321,10 @@ class TestCancellation:
         token = await harness.admit("c", grade=False)
         gates().set("c")
         assert (await result_of(harness, "c", token))["status"] == "success"
-        finished = [r.getMessage() for r in caplog.records if r.name == "rollout_server.execution"]
+        finished = [_finished(r) for r in caplog.records if r.name == "rollout_server.registry"]
         assert sorted(finished) == [
-            "Rollout a cancelled",
-            "Rollout b finished with status failure",
+            "Rollout a finished: status=cancelled",
+            "Rollout b finished: status=failure",
         ]
 
     async def test_shutdown_stops_workflows_and_releases_the_workers(self, serve: Any) -> None:
@@ -397,7 +385,7 @@ class TestFaults:
             await until_set(f"started:{rollout_id}")
         pid = await gates().get("pid:a")
         assert pid == await gates().get("pid:b")
-        caplog.set_level(logging.INFO, logger="rollout_server.execution")
+        caplog.set_level(logging.DEBUG, logger="rollout_server.registry")
         os.kill(pid, signal.SIGKILL)
         results = {rid: await result_of(harness, rid, tok) for rid, tok in tokens.items()}
         for result in results.values():
@@ -411,11 +399,11 @@ class TestFaults:
         assert (await result_of(harness, "c", token))["sample"]["reward"] == 0.5
         for rollout_id, token in tokens.items():  # still the same, once published
             assert (await harness.poll(rollout_id, token)).json == results[rollout_id]
-        finished = [r.getMessage() for r in caplog.records if r.name == "rollout_server.execution"]
+        finished = [_finished(r) for r in caplog.records if r.name == "rollout_server.registry"]
         assert sorted(finished) == [
-            "Rollout a finished with status failure",
-            "Rollout b finished with status failure",
-            "Rollout c finished with status success",
+            "Rollout a finished: status=failure",
+            "Rollout b finished: status=failure",
+            "Rollout c finished: status=success",
         ]
 
     async def test_removed_node_fails_its_rollouts_and_the_worker_moves(
@@ -468,13 +456,21 @@ class TestConfiguration:
         with pytest.raises(ValueError, match="must not set max_task_retries"):
             RayBackend(AnswerWorkflow, worker_options={"max_task_retries": 3})
 
-    def test_slots_per_worker_come_from_the_config(self) -> None:
-        """Each worker gets the config's max_concurrent slots, 4 when it sets no limit (or
-        there is no config), and max_concurrent_per_worker overrides both."""
+    def test_slots_per_worker_are_local_backends(self) -> None:
+        """Each worker has the slots a LocalBackend with the same config has: the config's
+        max_concurrent, 4 without a config, no limit when the config sets none."""
         limited = AgentWorkflowConfig(name="x", concurrency={"max_concurrent": 6})
         unlimited = AgentWorkflowConfig(name="x", concurrency={"max_concurrent": None})
         assert RayBackend(AnswerWorkflow, workflow_config=limited).max_concurrent_per_worker == 6
-        assert RayBackend(AnswerWorkflow, workflow_config=unlimited).max_concurrent_per_worker == 4
         assert RayBackend(AnswerWorkflow).max_concurrent_per_worker == 4
-        backend = RayBackend(AnswerWorkflow, workflow_config=limited, max_concurrent_per_worker=3)
-        assert backend.max_concurrent_per_worker == 3
+        backend = RayBackend(AnswerWorkflow, workflow_config=unlimited)
+        assert backend.max_concurrent_per_worker is None
+
+    def test_arguments_are_checked_as_local_backend_checks_them(self) -> None:
+        """A bad workflow, or max_queued without a slot limit, fails at construction with
+        LocalBackend's message, before any Ray worker starts."""
+        with pytest.raises(TypeError, match="must be a class, not an instance"):
+            RayBackend(AnswerWorkflow(None))  # type: ignore[arg-type]  # the wrong use tested
+        unlimited = AgentWorkflowConfig(name="x", concurrency={"max_concurrent": None})
+        with pytest.raises(ValueError, match="needs a concurrency limit"):
+            RayBackend(AnswerWorkflow, workflow_config=unlimited, max_queued=2)

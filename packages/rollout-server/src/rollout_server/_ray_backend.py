@@ -2,17 +2,18 @@
 
 The server stays the light front (admission, leases, long polls, publication); each
 rollout runs in one of ``num_workers`` long-lived async actors
-(:class:`~rollout_server._ray_worker.RolloutWorker`), each a :class:`LocalBackend` with
-``max_concurrent_per_worker`` slots. One rollout, as :meth:`RayBackend.execute` runs it:
+(:class:`~rollout_server._ray_worker.RolloutWorker`), each a :class:`LocalBackend` built
+from the RayBackend's own arguments. One rollout, as :meth:`RayBackend.execute` runs it:
 
-1. Wait for a free slot in the pool (status ``queued``), in arrival order; the agent
-   deadline already counts, and a rollout whose deadline passes here fails as ``timeout``
-   without reaching a worker.
-2. Dispatch it to the least-loaded live worker. The worker reports ``running`` once its
-   LocalBackend holds the slot and ``grading`` when the grader starts; the pool relays
-   both (:mod:`rollout_server._ray_pool`).
+1. Take a free slot in the pool, or wait for one (status ``queued``) in arrival order;
+   the agent deadline already counts, and a rollout whose deadline passes here fails as
+   ``timeout`` without reaching a worker (and so without a trajectory file).
+2. Dispatch it to the least-loaded live worker (status ``running``: it holds that
+   worker's slot). The worker reports ``grading`` when the grader starts and the pool
+   relays it (:mod:`rollout_server._ray_pool`).
 3. The worker runs LocalBackend's phases (deadlines, grading gate, error categories,
-   artifacts and trajectory files on its node) and returns the outcome.
+   artifacts and trajectory files on its node) and returns the outcome with the phase
+   times, which go to the server's observer (its metrics).
 
 Meanwhile the server enforces the rollout's own deadline plus ``deadline_grace_sec``, so
 a wedged worker cannot hold a rollout forever; a cancellation is forwarded to the worker
@@ -26,8 +27,6 @@ Importing this module does not import Ray; :meth:`RayBackend.startup` does.
 from __future__ import annotations
 
 import asyncio
-import collections
-import logging
 import math
 import os
 import time
@@ -36,26 +35,26 @@ from typing import Any, ClassVar, Final
 
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
+from . import _tracing
 from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult
 from ._context import current_rollout_context
 from ._grader import Grader, GraderConfig
 from ._local_backend import (
-    DEFAULT_MAX_CONCURRENT,
     DEFAULT_ROLLOUT_DURATION_SEC,
     DURATION_EMA_WEIGHT,
+    LocalBackend,
     _deadline_message,
     _entered,
-    _resolve_class,
-    _resolve_config,
     _timeout,
 )
-from ._ray_pool import RolloutLostError, WorkerPool
-from ._ray_worker import RolloutWorker, WorkerSpec, portable_request
+from ._logtext import get_logger
+from ._ray_pool import RolloutLostError, ServerDeadlineError, WorkerPool
+from ._ray_worker import CANCELLED, RolloutWorker, WorkerSpec, decode_outcome, encode_request
 from ._workflow import AgentWorkflow, AgentWorkflowConfig
 
 __all__ = ["RayBackend"]
 
-logger: Final = logging.getLogger("rollout_server.ray_backend")
+logger: Final = get_logger("rollout_server.ray_backend")
 
 DEFAULT_CANCEL_GRACE_SEC: Final = 5.0
 DEFAULT_DEADLINE_GRACE_SEC: Final = 5.0
@@ -63,6 +62,10 @@ DEFAULT_START_TIMEOUT_SEC: Final = 120.0
 
 CONTROL_CALLS: Final = 8
 """Actor concurrency beyond the slots: the events long poll, cancellations, pings."""
+
+UNLIMITED_CALLS: Final = 1000
+"""Actor concurrency for rollouts when the workflow config sets no slot limit (Ray's own
+default for async actors)."""
 
 RESERVED_OPTIONS: Final = frozenset(
     {"max_restarts", "max_task_retries", "max_concurrency", "concurrency_groups", "name"}
@@ -87,32 +90,27 @@ def _positive_seconds(name: str, value: object) -> float:
     return float(value)
 
 
-def _count(name: str, value: object, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
-    return value
-
-
 class RayBackend(ExecutionBackend):
     """Run an :class:`~rollout_server.AgentWorkflow` (and a grader) on a pool of Ray actors.
 
-    The same workflow and grader classes run unchanged under :class:`LocalBackend` and
-    here; pass them as import strings (``"package.module:Attr"``) or as classes whose
-    module every node can import (classes defined in ``__main__`` travel by value).
+    Each worker is a :class:`LocalBackend` built from this backend's ``workflow``,
+    ``workflow_config``, ``grader``, ``grader_config`` and ``artifact_root``, so the same
+    classes and configs run unchanged under both, and each worker has the slots a
+    LocalBackend would have (the config's ``concurrency.max_concurrent``, 4 without a
+    config). Pass the classes as import strings (``"package.module:Attr"``) or as classes
+    whose module every node can import (classes defined in ``__main__`` travel by value).
 
     Args:
         workflow: The workflow class, or an import string naming it.
-        workflow_config: As for :class:`LocalBackend`; handed to every rollout unchanged.
+        workflow_config: As for :class:`LocalBackend`; its ``concurrency.max_concurrent``
+            is the slot count of each worker (None: no limit).
         grader: The grader class, an import string, or None (no grading).
         grader_config: As for :class:`LocalBackend`.
         num_workers: How many worker actors the pool keeps; default 1.
-        max_concurrent_per_worker: Rollouts one worker runs at once; default the workflow
-            config's ``concurrency.max_concurrent``, else 4 (also when the config sets no
-            limit: a worker needs a slot count).
-        max_queued: The most rollouts that may wait for a slot: when that many wait (and
-            no slot is free), :meth:`has_capacity` is False and admission answers 429.
-            None (the default) queues without bound; 0 refuses whenever every slot of
-            the live workers is busy.
+        max_queued: With a slot limit, the most rollouts that may wait for a slot in the
+            server: when that many wait (and no slot of a live worker is free), admission
+            answers 429. None (the default) queues without bound; 0 refuses whenever every
+            slot is busy.
         worker_options: Ray actor options of each worker (``num_cpus``, ``num_gpus``,
             ``memory``, ``resources``, ``runtime_env``, ``scheduling_strategy``, ...);
             default ``{"num_cpus": 1}``. The pool sets ``max_restarts``,
@@ -132,7 +130,8 @@ class RayBackend(ExecutionBackend):
             imports); default 120.0.
 
     Raises:
-        ValueError: On an invalid count, option or grace, or a malformed import string.
+        ValueError: On an invalid count, option or grace, a ``max_queued`` without a slot
+            limit, or a malformed import string.
         ImportError: When an import string names a missing module or attribute.
         TypeError: When ``workflow``/``grader`` is not a concrete subclass of the base
             class, or a config is not a config.
@@ -150,7 +149,6 @@ class RayBackend(ExecutionBackend):
         grader: type[Grader] | str | None = None,
         grader_config: GraderConfig | Mapping[str, Any] | str | None = None,
         num_workers: int = 1,
-        max_concurrent_per_worker: int | None = None,
         max_queued: int | None = None,
         worker_options: Mapping[str, Any] | None = None,
         address: str | None = None,
@@ -160,19 +158,21 @@ class RayBackend(ExecutionBackend):
         deadline_grace_sec: float = DEFAULT_DEADLINE_GRACE_SEC,
         start_timeout_sec: float = DEFAULT_START_TIMEOUT_SEC,
     ) -> None:
-        workflow_cls: type[AgentWorkflow] = _resolve_class(workflow, AgentWorkflow, "workflow")
-        config = _resolve_config(workflow_config, AgentWorkflowConfig, "workflow_config")
-        grader_cls: type[Grader] | None = (
-            None if grader is None else _resolve_class(grader, Grader, "grader")
+        # The workers' LocalBackend, built here once: it resolves and checks every argument
+        # as LocalBackend does, and says how many slots each worker has.
+        template = LocalBackend(
+            workflow,
+            workflow_config=workflow_config,
+            grader=grader,
+            grader_config=grader_config,
+            max_queued=max_queued,
+            artifact_root=artifact_root,
         )
-        self._num_workers = _count("num_workers", num_workers, minimum=1)
-        if max_concurrent_per_worker is None:
-            limit = None if config is None else config.concurrency.max_concurrent
-            slots = DEFAULT_MAX_CONCURRENT if limit is None else limit
-        else:
-            slots = _count("max_concurrent_per_worker", max_concurrent_per_worker, minimum=1)
-        if max_queued is not None:
-            _count("max_queued", max_queued, minimum=0)
+        count: object = num_workers
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"num_workers must be an int >= 1; got {num_workers!r}")
+        self._num_workers = num_workers
+        self._slots = template.max_concurrent
         self._max_queued = max_queued
         options = dict(worker_options or {})
         reserved = sorted(RESERVED_OPTIONS.intersection(options))
@@ -182,14 +182,14 @@ class RayBackend(ExecutionBackend):
                 "(one incarnation per worker, no task retries)"
             )
         options.setdefault("num_cpus", 1)
-        options.update(max_restarts=0, max_task_retries=0, max_concurrency=slots + CONTROL_CALLS)
+        calls = UNLIMITED_CALLS if self._slots is None else self._slots
+        options.update(max_restarts=0, max_task_retries=0, max_concurrency=calls + CONTROL_CALLS)
         self._actor_options = options
         self._spec = WorkerSpec(
-            workflow=workflow_cls,
-            workflow_config=config,
-            grader=grader_cls,
-            grader_config=_resolve_config(grader_config, GraderConfig, "grader_config"),
-            slots=slots,
+            workflow=workflow,
+            workflow_config=workflow_config,
+            grader=grader,
+            grader_config=grader_config,
             artifact_root=None if artifact_root is None else os.fspath(artifact_root),
         )
         self._address = address
@@ -201,7 +201,7 @@ class RayBackend(ExecutionBackend):
         self._starting: asyncio.Future[WorkerPool] | None = None
         self._owns_ray = False
         self._cluster_address: str | None = None
-        self._reservations: collections.deque[object] = collections.deque()
+        self._reserved = 0
         self._mean_duration_sec: float | None = None
 
     # -- properties -------------------------------------------------------------------
@@ -212,9 +212,9 @@ class RayBackend(ExecutionBackend):
         return self._num_workers
 
     @property
-    def max_concurrent_per_worker(self) -> int:
-        """Slots of each worker."""
-        return self._spec.slots
+    def max_concurrent_per_worker(self) -> int | None:
+        """Slots of each worker, or None for no limit."""
+        return self._slots
 
     @property
     def max_queued(self) -> int | None:
@@ -231,10 +231,7 @@ class RayBackend(ExecutionBackend):
         pool = self._pool
         if pool is None:
             return [None] * self._num_workers
-        return [
-            None if w is None or not w.ready or w.lost.done() else w.info.get("pid")
-            for w in pool.workers
-        ]
+        return [None if w is None or not w.serving else w.info.get("pid") for w in pool.workers]
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -271,9 +268,11 @@ class RayBackend(ExecutionBackend):
             remote_class=ray.remote(RolloutWorker),
             spec=self._spec,
             size=self._num_workers,
+            slots=self._slots,
             actor_options=self._actor_options,
             start_timeout_sec=self._start_timeout_sec,
             cancel_grace_sec=self._cancel_grace_sec,
+            deadline_grace_sec=self._deadline_grace_sec,
         )
         try:
             await pool.start()
@@ -285,9 +284,9 @@ class RayBackend(ExecutionBackend):
             ) from exc.__cause__
         self._pool = pool
         logger.info(
-            "RayBackend started %d worker(s) x %d slot(s) on the Ray cluster at %s",
+            "RayBackend started %d worker(s) x %s slot(s) on the Ray cluster at %s",
             self._num_workers,
-            self._spec.slots,
+            "unlimited" if self._slots is None else self._slots,
             self._cluster_address,
         )
         return pool
@@ -310,60 +309,54 @@ class RayBackend(ExecutionBackend):
             ray.shutdown()
             self._owns_ray = False
 
-    # -- ExecutionBackend -------------------------------------------------------------
+    # -- admission --------------------------------------------------------------------
+
+    def _outstanding(self) -> int:
+        pool = self._pool
+        busy = 0 if pool is None else pool.running + pool.queued
+        return busy + self._reserved
 
     def has_capacity(self) -> bool:
-        """False only when ``max_queued`` rollouts already wait and no slot is free.
-
-        Exact under concurrent admissions: a True answer reserves room for the rollout
-        admitted next, which its execution claims when it starts; an unclaimed
-        reservation (the admission was refused after all) lapses within two event-loop
-        iterations.
-        """
+        """False only when ``max_queued`` rollouts wait beyond the slots of the live
+        workers, counting admitted rollouts that have not started yet."""
         if self._max_queued is None:
             return True
         pool = self._pool
-        free = 0 if pool is None else pool.free_slots()
-        waiting = len(self._reservations) + (0 if pool is None else pool.queued)
-        if waiting >= free + self._max_queued:
+        capacity = 0 if pool is None else pool.capacity()
+        assert capacity is not None  # max_queued needs a slot limit
+        return self._outstanding() < capacity + self._max_queued
+
+    def try_reserve(self) -> bool:
+        """Count one admitted rollout until it starts, if :meth:`has_capacity` allows it."""
+        if not self.has_capacity():
             return False
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return True
-        token = object()
-        self._reservations.append(token)
-        loop.call_soon(loop.call_soon, self._lapse, token)
+        self._reserved += 1
         return True
 
-    def _lapse(self, token: object) -> None:
-        try:
-            self._reservations.remove(token)
-        except ValueError:
-            pass
-
-    def _claim(self) -> None:
-        if self._reservations:
-            self._reservations.popleft()
+    def release_reservation(self) -> None:
+        """The reserved rollout starts now (it takes its slot or its queue place at once)."""
+        if self._reserved > 0:
+            self._reserved -= 1
 
     def retry_after_sec(self) -> float:
         """How long a refused caller should wait: until the rollouts queued ahead of it
         would have drained.
 
-        ``(queued + 1) * mean_duration / slots``, clamped to [1, 60] s, where ``slots``
-        is every worker's slots and ``mean_duration`` a moving mean (weight 0.2 for the
-        newest) of how long finished rollouts held a worker slot, 5 s until one has
-        finished.
+        ``(queued + reserved + 1) * mean_duration / slots``, clamped to [1, 60] s, where
+        ``slots`` counts every worker's and ``mean_duration`` is a moving mean (weight 0.2
+        for the newest) of how long finished rollouts held a worker slot, 5 s until one
+        has finished. 1 s without a slot limit (which never refuses).
         """
+        if self._slots is None:
+            return 1.0
         pool = self._pool
-        queued = len(self._reservations) + (0 if pool is None else pool.queued)
+        waiting = self._reserved + (0 if pool is None else pool.queued)
         mean = (
             DEFAULT_ROLLOUT_DURATION_SEC
             if self._mean_duration_sec is None
             else self._mean_duration_sec
         )
-        slots = self._num_workers * self._spec.slots
-        return min(60.0, max(1.0, (queued + 1) * mean / slots))
+        return min(60.0, max(1.0, (waiting + 1) * mean / (self._num_workers * self._slots)))
 
     def health(self) -> dict[str, Any]:
         """``{"status", "concurrency": {...}, "ray": {...}}``.
@@ -371,13 +364,15 @@ class RayBackend(ExecutionBackend):
         ``status`` is ``ok`` while every worker serves, ``degraded`` while some are being
         replaced, ``unavailable`` while none serves and ``starting`` before the pool has
         started. ``concurrency`` has LocalBackend's keys (``max_concurrent`` counts the
-        slots of every worker); ``ray`` has the cluster ``address``, the ``workers``
-        configured and ``workers_alive``, ``slots_per_worker``, ``free_slots``, the
-        count of workers ``lost`` and ``replaced``, and one entry per worker.
+        slots of every worker, None without a limit); ``ray`` has the cluster
+        ``address``, the ``workers`` configured and ``workers_alive``,
+        ``slots_per_worker``, ``free_slots``, the count of workers ``lost`` and
+        ``replaced``, and one entry per worker.
         """
         pool = self._pool
+        slots = self._slots
         concurrency = {
-            "max_concurrent": self._num_workers * self._spec.slots,
+            "max_concurrent": None if slots is None else self._num_workers * slots,
             "queued": 0 if pool is None else pool.queued,
             "running": 0 if pool is None else pool.running,
             "max_queued": self._max_queued,
@@ -386,8 +381,8 @@ class RayBackend(ExecutionBackend):
             "address": self._cluster_address,
             "workers": self._num_workers,
             "workers_alive": 0 if pool is None else pool.alive,
-            "slots_per_worker": self._spec.slots,
-            "free_slots": 0 if pool is None else pool.free_slots(),
+            "slots_per_worker": slots,
+            "free_slots": (0 if slots is not None else None) if pool is None else pool.free_slots(),
             "lost": 0 if pool is None else pool.lost_count,
             "replaced": 0 if pool is None else pool.replacements,
             "pool": []
@@ -405,6 +400,8 @@ class RayBackend(ExecutionBackend):
             status = "degraded" if pool.alive else "unavailable"
         return {"status": status, "concurrency": concurrency, "ray": ray_fields}
 
+    # -- execution --------------------------------------------------------------------
+
     async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
         """Run one rollout on a worker (module docstring).
 
@@ -420,51 +417,47 @@ class RayBackend(ExecutionBackend):
                 (or the worker was killed) by the time this raises, unless a second
                 cancellation cut the wait short.
         """
-        self._claim()
-        if self._pool is None:
-            await self.startup()
         pool = self._pool
-        assert pool is not None
+        if pool is None:
+            await self.startup()
+            pool = self._pool
+            assert pool is not None
+        loop = asyncio.get_running_loop()
         entered = _entered(request)
         timeout = request.agent_timeout_sec
-        worker = await pool.acquire(None if timeout is None else entered + timeout)
+        # The agent deadline on the loop's clock (time.monotonic() for asyncio and uvloop).
+        deadline = None if timeout is None else loop.time() + (entered + timeout - time.monotonic())
+        worker = pool.take()
+        if worker is None:
+            request.on_status(RolloutStatus.QUEUED)
+            with _tracing.phase_span("queue", request.id):
+                worker = await pool.acquire(deadline)
+        now = time.monotonic()
+        request.observer.observe_queue_wait(now - entered)
         if worker is None:
             assert timeout is not None
-            message = _deadline_message("workflow", timeout, time.monotonic() - entered)
-            logger.warning("Rollout %s: %s", request.id, message)
+            message = _deadline_message("workflow", timeout, now - entered)
+            logger.debug("Rollout %s: %s", request.id, message)
             return ExecutionOutcome(workflow=_timeout(message))
+        request.on_status(RolloutStatus.RUNNING)
         ambient = current_rollout_context()
         process_id = (
             ambient.process_id if ambient is not None and ambient.rollout_id == request.id else ""
         )
-        held_from = time.monotonic()
-        payload = (portable_request(request), held_from - entered, process_id)
-        dispatch = pool.dispatch(worker, request, payload)
-        grace = self._deadline_grace_sec
-        grader_timeout = request.grader_timeout_sec
-        dispatch.grading_budget_sec = (
-            None if grader_timeout is None else max(0.0, grader_timeout) + grace
-        )
-        loop = asyncio.get_running_loop()
-        deadline = asyncio.timeout_at(
-            None if timeout is None else loop.time() + (entered + timeout + grace - held_from)
+        dispatch = pool.dispatch(
+            worker,
+            request,
+            encode_request(request, now - entered, process_id),
+            None if deadline is None else deadline + self._deadline_grace_sec,
         )
         try:
-            outcome = await pool.wait(dispatch, deadline)
+            reply = await dispatch.future
         except asyncio.CancelledError:
             await pool.stop(dispatch, "the rollout was cancelled")
             raise
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            phase, limit = ("grader", grader_timeout) if dispatch.grading else ("workflow", timeout)
-            message = (
-                f"{phase} exceeded its {float(limit or 0.0)}s deadline, and Ray "
-                f"{worker.label} did not report within {grace:g}s after it"
-            )
-            logger.error("Rollout %s: %s; cancelling it there", request.id, message)
-            _ = pool.settle(dispatch, "its deadline passed")
-            return ExecutionOutcome(workflow=_timeout(message))
+        except ServerDeadlineError as exc:
+            logger.error("Rollout %s: %s; cancelling it there", request.id, exc)
+            return ExecutionOutcome(workflow=_timeout(str(exc)))
         except RolloutLostError as exc:
             logger.error("Rollout %s: %s", request.id, exc)
             return ExecutionOutcome(
@@ -474,13 +467,15 @@ class RayBackend(ExecutionBackend):
                     err_category=RolloutErrorCategory.INTERNAL_ERROR,
                 )
             )
-        self._observe_duration(time.monotonic() - held_from)
-        if isinstance(outcome, ExecutionOutcome):
-            return outcome
-        # CANCELLED: stopped on the worker without a cancellation from here (a ray.cancel()).
-        return ExecutionOutcome(
-            workflow=ExecutionResult(status=RolloutStatus.CANCELLED, err_message="cancelled")
-        )
+        self._observe_duration(time.monotonic() - now)
+        if reply == CANCELLED:
+            # Stopped on the worker without a cancellation from here (Ray's own).
+            return ExecutionOutcome(
+                workflow=ExecutionResult(status=RolloutStatus.CANCELLED, err_message="cancelled")
+            )
+        outcome, times = decode_outcome(reply)
+        times.replay(request.observer)
+        return outcome
 
     def _observe_duration(self, seconds: float) -> None:
         if self._mean_duration_sec is None:

@@ -1,14 +1,20 @@
 """The worker pool of :class:`~rollout_server.RayBackend`, on the server's event loop.
 
 The pool keeps ``size`` :class:`~rollout_server._ray_worker.RolloutWorker` actors, each
-with ``slots`` slots, and does the accounting the server's admission relies on:
+with ``slots`` slots (None: no limit), and does the accounting the server's admission
+relies on:
 
 * **Slots.** A rollout holds a slot of one worker from its dispatch until the worker has
   acknowledged its end (its ``run`` call returned) or the worker is gone. Waiting
   rollouts queue here, in arrival order; a freed slot goes straight to the oldest waiter,
   on the least-loaded live worker (not by fixed chunks).
-* **Statuses.** One ``events()`` call in flight per worker carries the ``running`` and
-  ``grading`` changes of its rollouts; the watcher applies them and asks again.
+* **Calls.** One Ray call per rollout (``run``), whose reply is the outcome; its end is
+  a callback on this loop, not a task. One ``events()`` call in flight per worker carries
+  the ``grading`` reports of its rollouts; its end is a callback too, which applies them
+  and asks again.
+* **Deadlines.** A dispatch with a deadline (the agent deadline plus the grace, then the
+  grader's once it grades) holds one ``loop.call_at`` timer; when it fires, the rollout
+  fails as ``timeout`` and is settled on its worker.
 * **Deaths.** A worker is lost when a call to it fails with a Ray actor error (the
   process was killed, ran out of memory, its node was removed) or when the pool kills it
   (a rollout ignored its cancellation, or outlived its deadline plus the grace). Losing a
@@ -23,20 +29,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
-import logging
-import time
 from collections.abc import Coroutine
 from typing import Any, Final
 
 from rollout_types import RolloutStatus
 
 from ._backend import ExecutionRequest
+from ._logtext import get_logger
 from ._ray_worker import WorkerSpec
 
-__all__ = ["Dispatch", "PoolWorker", "RolloutLostError", "WorkerPool"]
+__all__ = [
+    "Dispatch",
+    "PoolWorker",
+    "RolloutLostError",
+    "ServerDeadlineError",
+    "WorkerPool",
+    "describe_ray_error",
+]
 
-logger: Final = logging.getLogger("rollout_server.ray_backend")
+logger: Final = get_logger("rollout_server.ray_backend")
 
 REPLACE_DELAYS_SEC: Final = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)
 """Pauses before each attempt to start a replacement worker (the last one repeats)."""
@@ -46,17 +59,12 @@ CAUSE_MAX_CHARS: Final = 600
 
 
 class RolloutLostError(Exception):
-    """The worker of a rollout is gone; the message names the worker and the cause."""
+    """The worker of a rollout is gone, or could not return its result; the message says
+    which worker and why."""
 
 
-def _consume(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved: a failed call nobody awaits is not logged as unhandled
-
-
-def _future(ref: Any) -> asyncio.Future[Any]:
-    """An asyncio future of a Ray ``ObjectRef`` on the running loop."""
-    return asyncio.wrap_future(ref.future())
+class ServerDeadlineError(Exception):
+    """A rollout's worker did not report within the grace after the rollout's deadline."""
 
 
 def describe_ray_error(exc: BaseException) -> str:
@@ -67,18 +75,29 @@ def describe_ray_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: a failed call nobody awaits is not logged as unhandled
+
+
 class PoolWorker:
     """One incarnation of a pool position: an actor handle and the rollouts it holds."""
 
-    def __init__(self, index: int, handle: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, index: int, handle: Any) -> None:
         self.index = index
         self.handle = handle
+        self.run = handle.run
         self.info: dict[str, Any] = {}
         self.ready = False
         self.held = 0
         self.inflight: dict[int, Dispatch] = {}
-        self.lost: asyncio.Future[str] = loop.create_future()
-        self.watcher: asyncio.Task[None] | None = None
+        self.lost: str | None = None
+        self.events: asyncio.Future[Any] | None = None
+
+    @property
+    def serving(self) -> bool:
+        """Started and not lost."""
+        return self.ready and self.lost is None
 
     @property
     def label(self) -> str:
@@ -91,7 +110,7 @@ class PoolWorker:
         """This worker's ``/health`` entry."""
         return {
             "index": self.index,
-            "alive": self.ready and not self.lost.done(),
+            "alive": self.serving,
             "running": self.held,
             "pid": self.info.get("pid"),
             "node_ip": self.info.get("node_ip"),
@@ -100,33 +119,44 @@ class PoolWorker:
 
 
 class Dispatch:
-    """One rollout on one worker: its call, its status relay and its server deadline."""
+    """One rollout on one worker: its call, its result future and its server deadline.
 
-    def __init__(self, key: int, request: ExecutionRequest, worker: PoolWorker) -> None:
+    ``future`` gets the ``run`` call's reply, or :class:`RolloutLostError`, or
+    :class:`ServerDeadlineError`; ``ended`` is True once the worker no longer holds the
+    rollout (the call returned, or the worker is lost).
+    """
+
+    __slots__ = (
+        "call",
+        "ended",
+        "future",
+        "grader_budget_sec",
+        "grading",
+        "key",
+        "request",
+        "settled",
+        "timer",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        key: int,
+        request: ExecutionRequest,
+        worker: PoolWorker,
+        future: asyncio.Future[Any],
+        grader_budget_sec: float | None,
+    ) -> None:
         self.key = key
         self.request = request
         self.worker = worker
+        self.future = future
+        self.grader_budget_sec = grader_budget_sec
         self.call: asyncio.Future[Any] | None = None
         self.ended = False
         self.grading = False
-        self.deadline: asyncio.Timeout | None = None
-        self.grading_budget_sec: float | None = None
-
-    def apply(self, status: str) -> None:
-        """Relay a status change from the worker to the server's registry."""
-        try:
-            value = RolloutStatus(status)
-        except ValueError:
-            logger.warning("Rollout %s: ignoring unknown status %r", self.request.id, status)
-            return
-        if value is RolloutStatus.GRADING and not self.grading:
-            self.grading = True
-            if self.deadline is not None:
-                budget = self.grading_budget_sec
-                self.deadline.reschedule(
-                    None if budget is None else asyncio.get_running_loop().time() + budget
-                )
-        self.request.on_status(value)
+        self.timer: asyncio.TimerHandle | None = None
+        self.settled: asyncio.Future[None] | None = None
 
 
 class WorkerPool:
@@ -136,9 +166,11 @@ class WorkerPool:
         remote_class: ``ray.remote(RolloutWorker)``.
         spec: What each worker builds its LocalBackend from.
         size: Number of workers.
+        slots: Slots of each worker, or None for no limit.
         actor_options: Options of every actor (``.options(**actor_options)``).
         start_timeout_sec: Bound on one worker's start (its ``ready()`` answer).
         cancel_grace_sec: How long a cancelled rollout's worker has to acknowledge.
+        deadline_grace_sec: How long past a rollout's deadline its worker has to report.
     """
 
     def __init__(
@@ -147,17 +179,20 @@ class WorkerPool:
         remote_class: Any,
         spec: WorkerSpec,
         size: int,
+        slots: int | None,
         actor_options: dict[str, Any],
         start_timeout_sec: float,
         cancel_grace_sec: float,
+        deadline_grace_sec: float,
     ) -> None:
         self._remote_class = remote_class
         self._spec = spec
         self.size = size
-        self.slots = spec.slots
+        self.slots = slots
         self._options = actor_options
         self._start_timeout_sec = start_timeout_sec
         self._cancel_grace_sec = cancel_grace_sec
+        self.deadline_grace_sec = deadline_grace_sec
         self._loop = asyncio.get_running_loop()
         self.workers: list[PoolWorker | None] = [None] * size
         self._waiters: collections.deque[asyncio.Future[PoolWorker]] = collections.deque()
@@ -187,7 +222,7 @@ class WorkerPool:
 
     async def _start_worker(self, index: int) -> PoolWorker:
         handle = self._remote_class.options(**self._options).remote(self._spec)
-        worker = PoolWorker(index, handle, self._loop)
+        worker = PoolWorker(index, handle)
         try:
             async with asyncio.timeout(self._start_timeout_sec):
                 worker.info = await handle.ready.remote()
@@ -199,8 +234,12 @@ class WorkerPool:
             raise RuntimeError("the pool closed while the worker started")
         worker.ready = True
         self.workers[index] = worker
-        worker.watcher = self._loop.create_task(self._watch(worker))
-        logger.info("Ray %s serves %d slot(s)", worker.label, self.slots)
+        self._poll_events(worker)
+        logger.info(
+            "Ray %s serves %s slot(s)",
+            worker.label,
+            "unlimited" if self.slots is None else self.slots,
+        )
         self._hand_out()
         return worker
 
@@ -210,12 +249,9 @@ class WorkerPool:
         for task in list(self._side_tasks):
             task.cancel()
         workers = [worker for worker in self.workers if worker is not None]
-        for worker in workers:
-            if worker.watcher is not None:
-                worker.watcher.cancel()
-        live = [w for w in workers if w.ready and not w.lost.done()]
+        live = [worker for worker in workers if worker.serving]
         if live:
-            calls = [_future(w.handle.shutdown.remote()) for w in live]
+            calls = [worker.handle.shutdown.remote().as_future() for worker in live]
             _, pending = await asyncio.wait(calls, timeout=drain_sec)
             for call in calls:
                 call.add_done_callback(_consume)
@@ -233,7 +269,7 @@ class WorkerPool:
     @property
     def alive(self) -> int:
         """Workers that serve now."""
-        return sum(1 for w in self.workers if w is not None and w.ready and not w.lost.done())
+        return sum(1 for worker in self.workers if worker is not None and worker.serving)
 
     @property
     def queued(self) -> int:
@@ -243,58 +279,58 @@ class WorkerPool:
     @property
     def running(self) -> int:
         """Slots held on live workers."""
-        return sum(w.held for w in self.workers if w is not None and not w.lost.done())
+        return sum(worker.held for worker in self.workers if worker is not None and worker.serving)
 
-    def free_slots(self) -> int:
-        """Slots free on live workers now."""
-        return sum(
-            self.slots - w.held
-            for w in self.workers
-            if w is not None and w.ready and not w.lost.done()
-        )
+    def capacity(self) -> int | None:
+        """Slots of the live workers, or None without a limit."""
+        return None if self.slots is None else self.slots * self.alive
+
+    def free_slots(self) -> int | None:
+        """Slots free on live workers now, or None without a limit."""
+        capacity = self.capacity()
+        return None if capacity is None else capacity - self.running
+
+    def take(self) -> PoolWorker | None:
+        """A slot on the least-loaded live worker now, or None (every slot is busy, or
+        others wait already)."""
+        if self._waiters:
+            return None
+        return self._least_loaded()
 
     def _least_loaded(self) -> PoolWorker | None:
         best: PoolWorker | None = None
+        limit = self.slots
         for worker in self.workers:
             if (
                 worker is not None
-                and worker.ready
-                and not worker.lost.done()
-                and worker.held < self.slots
+                and worker.serving
+                and (limit is None or worker.held < limit)
                 and (best is None or worker.held < best.held)
             ):
                 best = worker
+        if best is not None:
+            best.held += 1
         return best
 
     async def acquire(self, deadline: float | None) -> PoolWorker | None:
-        """Take a slot on the least-loaded live worker, waiting in arrival order.
+        """Wait for a slot on the least-loaded live worker, in arrival order.
 
         Args:
-            deadline: ``time.monotonic()`` value past which to stop waiting, or None.
+            deadline: ``loop.time()`` past which to stop waiting, or None.
 
         Returns:
             The worker whose slot is now held, or None when ``deadline`` passed first.
 
         Raises:
             asyncio.CancelledError: When cancelled while waiting (no slot is held then).
+            RuntimeError: When the pool is closed.
         """
-        if not self._waiters:
-            worker = self._least_loaded()
-            if worker is not None:
-                worker.held += 1
-                return worker
         if self._closed:
             raise RuntimeError("the RayBackend pool is closed")
         waiter: asyncio.Future[PoolWorker] = self._loop.create_future()
         self._waiters.append(waiter)
         try:
-            if deadline is None:
-                return await waiter
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._remove(waiter)
-                return None
-            async with asyncio.timeout(remaining):
+            async with asyncio.timeout_at(deadline):
                 return await waiter
         except TimeoutError:
             self._give_back(waiter)
@@ -308,85 +344,125 @@ class WorkerPool:
             # A slot was handed over in the same instant: pass it on.
             self._release(waiter.result())
         else:
-            self._remove(waiter)
-
-    def _remove(self, waiter: asyncio.Future[PoolWorker]) -> None:
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(waiter)
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
 
     def _release(self, worker: PoolWorker) -> None:
         worker.held -= 1
-        self._hand_out()
+        if self._waiters:
+            self._hand_out()
 
     def _hand_out(self) -> None:
         while self._waiters:
+            if self._waiters[0].done():
+                del self._waiters[0]
+                continue
             worker = self._least_loaded()
             if worker is None:
                 return
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                worker.held += 1
-                waiter.set_result(worker)
+            self._waiters.popleft().set_result(worker)
 
     # -- dispatch -------------------------------------------------------------------------
 
     def dispatch(
-        self, worker: PoolWorker, request: ExecutionRequest, payload: tuple[Any, ...]
+        self,
+        worker: PoolWorker,
+        request: ExecutionRequest,
+        payload: tuple[Any, ...],
+        deadline: float | None,
     ) -> Dispatch:
         """Send one rollout to ``worker`` (whose slot the caller holds).
 
         Args:
-            worker: From :meth:`acquire`.
-            request: The server's request (its ``on_status`` receives the relayed changes).
-            payload: The arguments of ``RolloutWorker.run`` after the key.
+            worker: From :meth:`take` or :meth:`acquire`.
+            request: The server's request (its ``on_status`` receives ``grading``).
+            payload: :func:`~rollout_server._ray_worker.encode_request`'s tuple.
+            deadline: ``loop.time()`` past which the server stops waiting for the workflow
+                (its deadline plus the grace), or None.
         """
-        dispatch = Dispatch(next(self._keys), request, worker)
-        worker.inflight[dispatch.key] = dispatch
+        grader_timeout = request.grader_timeout_sec
+        dispatch = Dispatch(
+            next(self._keys),
+            request,
+            worker,
+            self._loop.create_future(),
+            None if grader_timeout is None else max(0.0, grader_timeout) + self.deadline_grace_sec,
+        )
+        key = dispatch.key
+        worker.inflight[key] = dispatch
         try:
-            call = _future(worker.handle.run.remote(dispatch.key, *payload))
+            call = worker.run.remote(key, payload).as_future()
         except BaseException:
             self._end(dispatch)
             raise
         dispatch.call = call
-        call.add_done_callback(lambda _call: self._call_done(dispatch, call))
+        call.add_done_callback(functools.partial(self._replied, dispatch))
+        if deadline is not None:
+            dispatch.timer = self._loop.call_at(deadline, self._expire, dispatch)
         return dispatch
 
-    def _call_done(self, dispatch: Dispatch, call: asyncio.Future[Any]) -> None:
-        error = None if call.cancelled() else call.exception()
+    def _replied(self, dispatch: Dispatch, call: asyncio.Future[Any]) -> None:
+        if call.cancelled():
+            self._end(dispatch)
+            return
+        error = call.exception()
         if error is not None:
             from ray.exceptions import RayActorError
 
             if isinstance(error, RayActorError):
                 self._lose(dispatch.worker, describe_ray_error(error))
                 return
+            self._end(dispatch)
+            self._fail(
+                dispatch,
+                RolloutLostError(
+                    f"Ray {dispatch.worker.label} could not return this rollout's result: "
+                    f"{describe_ray_error(error)}"
+                ),
+            )
+            return
         self._end(dispatch)
+        if not dispatch.future.done():
+            dispatch.future.set_result(call.result())
 
-    async def wait(self, dispatch: Dispatch, deadline: asyncio.Timeout) -> Any:
-        """What the worker's ``run`` call returned for ``dispatch``.
+    @staticmethod
+    def _fail(dispatch: Dispatch, error: Exception) -> None:
+        if not dispatch.future.done():
+            dispatch.future.set_exception(error)
+            dispatch.future.add_done_callback(_consume)
 
-        Raises:
-            RolloutLostError: When the worker is lost first (or the call fails).
-            TimeoutError: When ``deadline`` passes first (the worker keeps the rollout
-                until :meth:`stop` settles it).
-        """
-        call = dispatch.call
-        assert call is not None
-        worker = dispatch.worker
-        dispatch.deadline = deadline
-        async with deadline:
-            if not call.done() and not worker.lost.done():
-                await asyncio.wait((call, worker.lost), return_when=asyncio.FIRST_COMPLETED)
-        if call.done() and not call.cancelled():
-            error = call.exception()
-            if error is None:
-                return call.result()
-            if worker.lost.done():  # an actor error: the worker is gone
-                raise RolloutLostError(_lost_message(worker, worker.lost.result())) from error
-            raise RolloutLostError(
-                f"Ray {worker.label} could not return this rollout's result: "
-                f"{describe_ray_error(error)}"
-            ) from error
-        raise RolloutLostError(_lost_message(worker, worker.lost.result()))
+    def _expire(self, dispatch: Dispatch) -> None:
+        dispatch.timer = None
+        if dispatch.ended or dispatch.future.done():
+            return
+        request = dispatch.request
+        phase, limit = (
+            ("grader", request.grader_timeout_sec)
+            if dispatch.grading
+            else ("workflow", request.agent_timeout_sec)
+        )
+        message = (
+            f"{phase} exceeded its {float(limit or 0.0)}s deadline, and Ray "
+            f"{dispatch.worker.label} did not report within {self.deadline_grace_sec:g}s "
+            "after it"
+        )
+        self._fail(dispatch, ServerDeadlineError(message))
+        _ = self.settle(dispatch, "its deadline passed")
+
+    def _grading(self, dispatch: Dispatch) -> None:
+        """The worker reports that ``dispatch`` grades: relay it; its deadline is now the
+        grader's."""
+        if dispatch.grading:
+            return
+        dispatch.grading = True
+        if dispatch.timer is not None:
+            dispatch.timer.cancel()
+            dispatch.timer = None
+        if dispatch.grader_budget_sec is not None:
+            dispatch.timer = self._loop.call_later(
+                dispatch.grader_budget_sec, self._expire, dispatch
+            )
+        dispatch.request.on_status(RolloutStatus.GRADING)
 
     async def stop(self, dispatch: Dispatch, why: str) -> None:
         """Cancel ``dispatch`` on its worker and wait (at most the cancel grace, shielded)
@@ -403,17 +479,15 @@ class WorkerPool:
 
     async def _settle(self, dispatch: Dispatch, why: str) -> None:
         worker = dispatch.worker
-        call = dispatch.call
-        assert call is not None
         with contextlib.suppress(Exception):
-            _future(worker.handle.cancel.remote([dispatch.key])).add_done_callback(_consume)
-        if not call.done() and not worker.lost.done():
-            await asyncio.wait(
-                (call, worker.lost),
-                timeout=self._cancel_grace_sec,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        if not dispatch.ended and not call.done():
+            worker.handle.cancel.remote([dispatch.key]).as_future().add_done_callback(_consume)
+        if dispatch.ended:
+            return
+        settled = dispatch.settled = self._loop.create_future()
+        try:
+            async with asyncio.timeout(self._cancel_grace_sec):
+                await settled
+        except TimeoutError:
             grace = self._cancel_grace_sec
             logger.warning(
                 "Rollout %s did not stop within %.1fs of its cancellation (%s): killing Ray %s",
@@ -432,40 +506,53 @@ class WorkerPool:
         if dispatch.ended:
             return
         dispatch.ended = True
+        if dispatch.timer is not None:
+            dispatch.timer.cancel()
+            dispatch.timer = None
+        if dispatch.settled is not None and not dispatch.settled.done():
+            dispatch.settled.set_result(None)
         worker = dispatch.worker
         worker.inflight.pop(dispatch.key, None)
-        if not worker.lost.done():
+        if worker.lost is None:
             self._release(worker)
 
-    # -- statuses and deaths --------------------------------------------------------------
+    # -- reports and deaths ---------------------------------------------------------------
 
-    async def _watch(self, worker: PoolWorker) -> None:
-        while True:
-            try:
-                batch = await worker.handle.events.remote()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failed call means the worker is gone
-                self._lose(worker, describe_ray_error(exc))
-                return
-            for key, status in batch:
-                dispatch = worker.inflight.get(key)
-                if dispatch is not None:
-                    dispatch.apply(status)
+    def _poll_events(self, worker: PoolWorker) -> None:
+        try:
+            events = worker.handle.events.remote().as_future()
+        except Exception as exc:  # noqa: BLE001 - any failed call means the worker is gone
+            self._lose(worker, describe_ray_error(exc))
+            return
+        worker.events = events
+        events.add_done_callback(functools.partial(self._events_done, worker))
+
+    def _events_done(self, worker: PoolWorker, events: asyncio.Future[Any]) -> None:
+        if worker.lost is not None or events.cancelled():
+            return
+        error = events.exception()
+        if error is not None:
+            self._lose(worker, describe_ray_error(error))
+            return
+        for key in events.result():
+            dispatch = worker.inflight.get(key)
+            if dispatch is not None:
+                self._grading(dispatch)
+        self._poll_events(worker)
 
     def _lose(self, worker: PoolWorker, cause: str, *, replace: bool = True) -> None:
         """Mark ``worker`` lost: fail its rollouts with ``cause``, kill it, replace it."""
-        if worker.lost.done():
+        if worker.lost is not None:
             return
-        worker.lost.set_result(cause)
-        worker.ready = False
+        worker.lost = cause
         dispatches = list(worker.inflight.values())
         worker.inflight.clear()
-        for dispatch in dispatches:
-            dispatch.ended = True
         worker.held = 0
-        if worker.watcher is not None and worker.watcher is not asyncio.current_task():
-            worker.watcher.cancel()
+        for dispatch in dispatches:
+            self._end(dispatch)
+            self._fail(dispatch, RolloutLostError(_lost_message(worker, cause)))
+        if worker.events is not None:
+            worker.events.add_done_callback(_consume)
         self._kill(worker.handle)
         if replace and not self._closed:
             self.lost_count += 1

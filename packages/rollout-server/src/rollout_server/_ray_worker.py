@@ -2,21 +2,29 @@
 
 One :class:`RolloutWorker` runs many rollouts at once on its own event loop. Each rollout
 is ``LocalBackend.execute()`` itself (deadlines, the grading gate, error categories, the
-artifacts directory and the trajectory files, all on the worker's node), run as a task
-with the rollout's :class:`~rollout_server.RolloutContext` bound, as the server runs it in
-process. The server talks to the actor through four methods:
+artifacts directory and the trajectory files, all on the worker's node), with the
+rollout's :class:`~rollout_server.RolloutContext` bound, as the server runs it in process.
+The worker's LocalBackend is built from the same arguments as the RayBackend's, so it has
+the slot count the server's pool gives each worker: nothing ever queues here.
 
-* :meth:`RolloutWorker.run` executes one rollout and returns its outcome (lightened: the
-  trajectory snapshot and the diagnostics stay in the files written here), or
-  :data:`CANCELLED` once a cancellation has stopped it: the call's end is the server's
-  acknowledgement that the rollout no longer runs;
+The server talks to the actor through five methods:
+
+* :meth:`RolloutWorker.run` executes one rollout and returns its outcome with the phase
+  times the LocalBackend measured (:func:`encode_outcome`), or :data:`CANCELLED` once a
+  cancellation has stopped it: the call's end is the server's acknowledgement that the
+  rollout no longer runs. One call per rollout, and nothing else on the way for most:
+  ``running`` is the server's to report (it holds the worker's slot from the dispatch);
+* :meth:`RolloutWorker.events` is a long poll for ``grading`` reports: one call in flight
+  per worker carries them for all its rollouts, after :data:`GRADING_REPORT_DELAY_SEC`, and
+  a rollout that ends before then has its report folded into its result (never sent);
 * :meth:`RolloutWorker.cancel` cancels rollouts by dispatch key (before or after their
   ``run`` call has arrived);
-* :meth:`RolloutWorker.events` is a long poll for status changes (``running``,
-  ``grading``): it answers as soon as there is at least one, with every change since the
-  previous call, so one call in flight per worker carries the statuses of all its
-  rollouts, batched under load;
-* :meth:`RolloutWorker.ready` says which process and node the actor runs in.
+* :meth:`RolloutWorker.ready` says which process and node the actor runs in;
+* :meth:`RolloutWorker.shutdown` waits (bounded) for trajectory writes still in flight.
+
+Requests and outcomes travel as tuples of plain values (:func:`encode_request`,
+:func:`encode_outcome`): Ray packs those with msgpack, much cheaper than pickling the
+attrs classes for every rollout.
 
 This module does not import Ray: the backend wraps the class with ``ray.remote`` when it
 starts, so importing ``rollout_server`` never needs Ray.
@@ -25,10 +33,10 @@ starts, so importing ``rollout_server`` never needs Ray.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
@@ -37,68 +45,236 @@ from rollout_types import RolloutErrorCategory, RolloutStatus
 
 from ._backend import ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
 from ._categorize import categorize_exception
-from ._context import RolloutContext, context_binding
-from ._grader import Grader, GraderConfig
-from ._limiter import ConcurrencyLimiter
+from ._context import RolloutContext, bind_rollout_context
 from ._local_backend import LocalBackend
-from ._workflow import AgentWorkflow, AgentWorkflowConfig
+from ._observer import ExecutionObserver
 
-__all__ = ["CANCELLED", "RolloutWorker", "WorkerSpec", "portable_request"]
+__all__ = [
+    "CANCELLED",
+    "GRADING_REPORT_DELAY_SEC",
+    "PhaseTimes",
+    "RolloutWorker",
+    "WorkerSpec",
+    "decode_outcome",
+    "encode_outcome",
+    "encode_request",
+]
 
 CANCELLED: Final = "cancelled"
 """What :meth:`RolloutWorker.run` returns for a rollout that a cancellation stopped."""
 
 EVENTS_WAIT_SEC: Final = 30.0
-"""Longest :meth:`RolloutWorker.events` waits for a status change before answering
-without one (the server then asks again)."""
+"""Longest :meth:`RolloutWorker.events` waits for a report before answering without one
+(the server then asks again)."""
+
+GRADING_REPORT_DELAY_SEC: Final = 0.05
+"""How long a ``grading`` report waits in the worker before it is sent (seconds): a
+rollout that ends meanwhile has it folded into its result, which saves a round trip."""
 
 
 @attrs.frozen(kw_only=True)
 class WorkerSpec:
-    """What every worker of one pool builds its :class:`LocalBackend` from.
+    """The arguments every worker of one pool builds its :class:`LocalBackend` with, as
+    the RayBackend received them (it checked them by building a LocalBackend itself).
 
-    The classes travel by reference (their import path) when their module is importable,
-    by value otherwise (Ray's cloudpickle), so they resolve on every node.
+    Classes travel by reference (their import path) when their module is importable, by
+    value otherwise (Ray's cloudpickle); import strings resolve on the worker.
     """
 
-    workflow: type[AgentWorkflow]
-    workflow_config: AgentWorkflowConfig | None
-    grader: type[Grader] | None
-    grader_config: GraderConfig | None
-    slots: int
+    workflow: type[Any] | str
+    workflow_config: Any
+    grader: type[Any] | str | None
+    grader_config: Any
     artifact_root: str | None
 
-
-def _no_status(_status: RolloutStatus) -> None:
-    return None
-
-
-def portable_request(request: ExecutionRequest) -> ExecutionRequest:
-    """``request`` as it travels to a worker: without the server's ``on_status`` and
-    admission stamp (the worker sets both)."""
-    return attrs.evolve(request, on_status=_no_status, admitted_at=0.0)
-
-
-class _WorkerBackend(LocalBackend):
-    """A :class:`LocalBackend` whose slot count is the pool's per-worker count.
-
-    The server's pool never sends a worker more rollouts than it has slots, so nothing
-    queues here; the workflow config is handed to each rollout unchanged.
-    """
-
-    def __init__(self, spec: WorkerSpec) -> None:
-        super().__init__(
-            spec.workflow,
-            workflow_config=spec.workflow_config,
-            grader=spec.grader,
-            grader_config=spec.grader_config,
-            artifact_root=spec.artifact_root,
+    def build(self) -> LocalBackend:
+        """The worker's LocalBackend (``artifact_root`` None: the worker's own default)."""
+        return LocalBackend(
+            self.workflow,
+            workflow_config=self.workflow_config,
+            grader=self.grader,
+            grader_config=self.grader_config,
+            artifact_root=self.artifact_root,
         )
-        self._limiter = ConcurrencyLimiter(spec.slots)
+
+
+# -- what travels ----------------------------------------------------------------------
+
+
+def encode_request(
+    request: ExecutionRequest, elapsed_sec: float, process_id: str
+) -> tuple[Any, ...]:
+    """``request`` as :meth:`RolloutWorker.run` receives it: plain values, without the
+    server's callbacks, and with the seconds since admission instead of the admission
+    stamp (monotonic clocks differ between nodes)."""
+    return (
+        request.id,
+        request.prompt,
+        request.chat_completions_url,
+        request.llm_api_key,
+        request.label,
+        request.metadata,
+        request.grade,
+        request.agent_timeout_sec,
+        request.grader_timeout_sec,
+        request.request_extra_fields,
+        elapsed_sec,
+        process_id,
+    )
+
+
+def _decode_request(
+    payload: tuple[Any, ...],
+    admitted_at: Callable[[float], float],
+    on_status: Callable[[RolloutStatus], None],
+    observer: ExecutionObserver,
+) -> tuple[ExecutionRequest, str]:
+    (
+        rollout_id,
+        prompt,
+        url,
+        api_key,
+        label,
+        metadata,
+        grade,
+        agent_timeout,
+        grader_timeout,
+        extra,
+        elapsed,
+        process_id,
+    ) = payload
+    request = ExecutionRequest(
+        id=rollout_id,
+        prompt=prompt,
+        chat_completions_url=url,
+        llm_api_key=api_key,
+        label=label,
+        metadata=metadata,
+        grade=grade,
+        agent_timeout_sec=agent_timeout,
+        grader_timeout_sec=grader_timeout,
+        request_extra_fields=extra,
+        admitted_at=admitted_at(elapsed),
+        on_status=on_status,
+        observer=observer,
+    )
+    return request, process_id
+
+
+def _encode_result(result: ExecutionResult | None) -> tuple[Any, ...] | None:
+    """A phase result without what stays in the worker's files: the trajectory snapshot
+    and the diagnostics (``extra_fields``)."""
+    if result is None:
+        return None
+    sample = result.sample
+    packed = (
+        None
+        if not isinstance(sample, Sample)
+        else (
+            sample.messages,
+            sample.label,
+            sample.reward,
+            sample.remove_sample,
+            sample.metrics,
+            sample.extra_fields,
+        )
+    )
+    category = None if result.err_category is None else str(result.err_category)
+    return (str(result.status), packed, result.err_message, category)
+
+
+def _decode_result(packed: tuple[Any, ...] | None) -> ExecutionResult | None:
+    if packed is None:
+        return None
+    status, sample, message, category = packed
+    return ExecutionResult(
+        status=RolloutStatus(status),
+        sample=None
+        if sample is None
+        else Sample(
+            messages=sample[0],
+            label=sample[1],
+            reward=sample[2],
+            remove_sample=sample[3],
+            metrics=sample[4],
+            extra_fields=sample[5],
+        ),
+        err_message=message,
+        err_category=None if category is None else RolloutErrorCategory(category),
+    )
+
+
+@attrs.define(kw_only=True, eq=False)
+class PhaseTimes(ExecutionObserver):
+    """The phase times a worker's LocalBackend measured for one rollout (its observer
+    there); they travel back with the outcome for the server's observer."""
+
+    workflow_sec: float | None = None
+    grading_sec: float | None = None
+    write_sec: float | None = None
+    write_failed: bool = False
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        """Ignored: a worker never queues; the server measures the queue wait."""
+
+    def observe_workflow(self, seconds: float) -> None:
+        """Keep the workflow's time."""
+        self.workflow_sec = seconds
+
+    def observe_grading(self, seconds: float) -> None:
+        """Keep the grader's time."""
+        self.grading_sec = seconds
+
+    def observe_trajectory_write(self, seconds: float, *, failed: bool) -> None:
+        """Keep the trajectory write's time."""
+        self.write_sec = seconds
+        self.write_failed = failed
+
+    def replay(self, observer: ExecutionObserver) -> None:
+        """Report the kept times to ``observer`` (on the server's loop)."""
+        if self.workflow_sec is not None:
+            observer.observe_workflow(self.workflow_sec)
+        if self.grading_sec is not None:
+            observer.observe_grading(self.grading_sec)
+        if self.write_sec is not None:
+            observer.observe_trajectory_write(self.write_sec, failed=self.write_failed)
+
+
+def encode_outcome(outcome: ExecutionOutcome, times: PhaseTimes) -> tuple[Any, ...]:
+    """What :meth:`RolloutWorker.run` returns for a finished rollout.
+
+    Anything in a sample must pickle; otherwise the server reports the rollout as
+    ``internal_error`` saying its result could not be returned.
+    """
+    return (
+        _encode_result(outcome.workflow),
+        _encode_result(outcome.grader),
+        (times.workflow_sec, times.grading_sec, times.write_sec, times.write_failed),
+    )
+
+
+def decode_outcome(reply: tuple[Any, ...]) -> tuple[ExecutionOutcome, PhaseTimes]:
+    """The outcome and phase times of a :func:`encode_outcome` reply."""
+    workflow, grader, (workflow_sec, grading_sec, write_sec, write_failed) = reply
+    decoded = _decode_result(workflow)
+    assert decoded is not None
+    return (
+        ExecutionOutcome(workflow=decoded, grader=_decode_result(grader)),
+        PhaseTimes(
+            workflow_sec=workflow_sec,
+            grading_sec=grading_sec,
+            write_sec=write_sec,
+            write_failed=write_failed,
+        ),
+    )
+
+
+# -- the actor -------------------------------------------------------------------------
 
 
 class _Reporter:
-    """``on_status`` of one rollout in the worker: queues the change for :meth:`events`."""
+    """``on_status`` of one rollout in the worker: keeps ``grading`` for :meth:`events`
+    (``running`` is the server's to report; nothing queues here)."""
 
     __slots__ = ("_key", "_worker")
 
@@ -107,22 +283,25 @@ class _Reporter:
         self._key = key
 
     def __call__(self, status: RolloutStatus | str) -> None:
-        self._worker._report(self._key, status)
+        if status == RolloutStatus.GRADING:
+            self._worker._report_grading(self._key)
 
 
 class RolloutWorker:
     """A Ray actor that executes rollouts with a :class:`LocalBackend` (module docstring).
 
     Args:
-        spec: The workflow, grader, configs, slot count and artifact root.
+        spec: The arguments of its LocalBackend.
     """
 
     def __init__(self, spec: WorkerSpec) -> None:
-        self._backend = _WorkerBackend(spec)
-        self._tasks: dict[int, asyncio.Task[ExecutionOutcome]] = {}
+        self._backend = spec.build()
+        self._tasks: dict[int, asyncio.Task[Any] | None] = {}
         self._cancelled_early: set[int] = set()
-        self._events: list[tuple[int, str]] = []
+        self._grading: list[int] = []
+        self._reported: list[int] = []
         self._changed: asyncio.Event | None = None
+        self._flush: asyncio.TimerHandle | None = None
 
     async def ready(self) -> dict[str, Any]:
         """Where this worker runs: ``{"pid", "node_id", "node_ip", "host"}``."""
@@ -136,48 +315,42 @@ class RolloutWorker:
             "host": socket.gethostname(),
         }
 
-    async def run(
-        self, key: int, request: ExecutionRequest, elapsed_sec: float, process_id: str
-    ) -> ExecutionOutcome | str:
-        """Execute one rollout; return its outcome (see :func:`portable_outcome`), or
+    async def run(self, key: int, payload: tuple[Any, ...]) -> tuple[Any, ...] | str:
+        """Execute one rollout; return :func:`encode_outcome`'s tuple, or
         :data:`CANCELLED`. An exception of ``execute()`` becomes a categorised failure, as
         the server reports one.
 
         Args:
-            key: The dispatch key (unique per pool): status changes and cancellations
-                name the rollout by it.
-            request: The request, without its ``on_status`` (a server object).
-            elapsed_sec: Seconds since the server admitted the rollout (the deadline
-                counts from admission; monotonic clocks differ between nodes).
-            process_id: The server's ``process_id``, for the rollout context.
+            key: The dispatch key (unique per pool): reports and cancellations name the
+                rollout by it.
+            payload: :func:`encode_request`'s tuple.
         """
-        admitted_at = time.monotonic() - max(0.0, elapsed_sec)
-        reporter = _Reporter(self, key)
-        request = attrs.evolve(request, admitted_at=admitted_at, on_status=reporter)
+        if key in self._cancelled_early:
+            self._cancelled_early.discard(key)
+            return CANCELLED
+        times = PhaseTimes()
+        request, process_id = _decode_request(
+            payload,
+            lambda elapsed: time.monotonic() - max(0.0, elapsed),
+            _Reporter(self, key),
+            times,
+        )
         context = RolloutContext.from_request(
             rollout_id=request.id,
             chat_completions_url=request.chat_completions_url,
             llm_api_key=request.llm_api_key,
             process_id=process_id,
-            on_status=reporter,
+            on_status=request.on_status,
         )
-        if key in self._cancelled_early:
-            self._cancelled_early.discard(key)
-            return CANCELLED
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(self._backend.execute(request), context=context_binding(context))
-        self._tasks[key] = task
+        self._tasks[key] = asyncio.current_task()
         try:
-            outcome = await asyncio.shield(task)
+            with bind_rollout_context(context):
+                outcome = await self._backend.execute(request)
         except asyncio.CancelledError:
-            if not task.done():
-                # The call itself was cancelled (ray.cancel): stop the rollout too.
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            # By cancel() (or Ray's own cancellation): the rollout has stopped.
             return CANCELLED
         except Exception as exc:  # noqa: BLE001 - reported as the server would report it
-            return ExecutionOutcome(
+            outcome = ExecutionOutcome(
                 workflow=ExecutionResult(
                     status=RolloutStatus.FAILURE,
                     err_message=str(exc) or type(exc).__name__,
@@ -185,72 +358,53 @@ class RolloutWorker:
                 )
             )
         finally:
-            self._tasks.pop(key, None)
-        return portable_outcome(outcome)
+            del self._tasks[key]
+        return encode_outcome(outcome, times)
 
     async def cancel(self, keys: list[int]) -> None:
         """Cancel the rollouts of ``keys``; a key whose ``run`` has not arrived yet is
         cancelled when it does."""
         for key in keys:
-            task = self._tasks.get(key)
-            if task is None:
+            if key not in self._tasks:
                 self._cancelled_early.add(key)
-            else:
+                continue
+            task = self._tasks[key]
+            if task is not None:
                 task.cancel()
 
-    async def events(self) -> list[tuple[int, str]]:
-        """The status changes since the previous call, as ``[(key, status), ...]``.
+    async def events(self) -> list[int]:
+        """The keys of the rollouts that started grading since the previous call (and
+        still run).
 
         Waits up to :data:`EVENTS_WAIT_SEC` for at least one (an empty list after that).
         The server keeps one call in flight per worker.
         """
-        if not self._events:
+        if not self._reported:
             if self._changed is None:
                 self._changed = asyncio.Event()
             self._changed.clear()
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout(EVENTS_WAIT_SEC):
                     await self._changed.wait()
-        batch, self._events = self._events, []
-        return batch
+            except TimeoutError:
+                return []
+        batch, self._reported = self._reported, []
+        return [key for key in batch if key in self._tasks]
 
     async def shutdown(self) -> None:
         """Wait (bounded) for trajectory writes still in flight."""
         await self._backend.shutdown()
 
-    def _report(self, key: int, status: RolloutStatus | str) -> None:
-        if key not in self._tasks:
-            return  # reported after the rollout ended: the server ignores it anyway
-        self._events.append((key, str(getattr(status, "value", status))))
-        if self._changed is not None:
-            self._changed.set()
-
-
-def _portable_result(result: ExecutionResult | None) -> ExecutionResult | None:
-    if result is None:
-        return None
-    sample = result.sample
-    if isinstance(sample, Sample) and sample.trajectory_messages is not None:
-        sample = attrs.evolve(sample, trajectory_messages=None)
-    return attrs.evolve(result, sample=sample, extra_fields=None)
-
-
-def portable_outcome(outcome: Any) -> ExecutionOutcome:
-    """``outcome`` as it travels back to the server: without the trajectory snapshot and
-    the diagnostics (both are in the rollout's files on this node, and never sent).
-
-    Anything else in a sample must pickle; otherwise the server reports the rollout as
-    ``internal_error`` saying its result could not be returned.
-    """
-    if not isinstance(outcome, ExecutionOutcome):
-        return ExecutionOutcome(
-            workflow=ExecutionResult(
-                status=RolloutStatus.FAILURE,
-                err_message="backend.execute() must return an ExecutionOutcome; got "
-                f"{type(outcome).__name__}",
-                err_category=RolloutErrorCategory.INTERNAL_ERROR,
+    def _report_grading(self, key: int) -> None:
+        self._grading.append(key)
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(
+                GRADING_REPORT_DELAY_SEC, self._send_grading
             )
-        )
-    workflow = _portable_result(outcome.workflow)
-    assert workflow is not None
-    return ExecutionOutcome(workflow=workflow, grader=_portable_result(outcome.grader))
+
+    def _send_grading(self) -> None:
+        self._flush = None
+        batch, self._grading = self._grading, []
+        self._reported += [key for key in batch if key in self._tasks]
+        if self._reported and self._changed is not None:
+            self._changed.set()
