@@ -2,25 +2,31 @@
 
 ``python -m benchmarks.ray_bench`` (in a venv with rollout-client and rollout-server[ray]; the
 ``bench_ray`` nox session makes one) starts ``rollout-server serve
-benchmarks.apps.ray_app:backend`` on 127.0.0.1 once per configuration, drives it with one
-``RolloutClient`` from this process, stops it by its PID and prints one JSON line per
-configuration and a markdown table. Workloads:
+benchmarks.apps.ray_app:backend`` on 127.0.0.1 once per run, drives it with one
+``RolloutClient`` from this process, stops it by its PID, and prints one JSON line per run,
+then a summary per configuration (median, min and max over the ``--repeats`` runs). The
+configurations of a workload run in turn, ABAB..., the order reversed every other round, so
+a change in the machine's load hits all of them alike. Workloads:
 
-* ``overhead``: no-op rollouts one at a time; end-to-end latency p50/p99 and the server
-  process's CPU per rollout (LocalBackend; RayBackend with 1 worker).
-* ``scaling``: a closed loop at concurrency 16 of rollouts that compute 20 ms of pure Python
-  each; rollouts/s (LocalBackend, RayBackend with 1 and 2 workers). Meanwhile, probe
-  rollouts (sleep 0.2 s, no CPU) one at a time measure how late their result reaches the
-  caller after the workflow finished (``done_at`` against the receipt, both wall clock on
-  this machine; with Ray it includes the wait for the worker's own busy loop), and a
-  ``GET /health`` every 50 ms measures the server's own responsiveness (what every long
-  poll waits on).
-* ``recovery``: RayBackend with 2 workers and 8 sleeping rollouts; SIGKILL of one worker;
-  seconds until each of its rollouts is published as a failure, and until the pool serves
-  again with every worker alive (a new rollout succeeds on a full pool).
+* ``overhead``: no-op rollouts (ungraded) one at a time: end-to-end latency p50/p99, and the
+  CPU per rollout of every process (LocalBackend; RayBackend with 1 worker);
+* ``scaling``: a closed loop at ``--concurrency`` (16) of rollouts that compute 20 ms of
+  pure Python each, ``--slots`` (4) per worker: rollouts/s (LocalBackend, RayBackend with 1
+  and 2 workers) and CPU per rollout of every process. Meanwhile, one at a time, probes of
+  how fast a long poll learns of a result: a rollout admitted behind the loop's (it waits
+  for a slot) is cancelled and the time from sending the cancellation to the waiting poll's
+  answer taken (``notify``; the server alone); and a rollout that sleeps 0.2 s (no CPU) is
+  run, the time from its workflow's end (``done_at``, wall clock) to the caller's receipt
+  taken (``result delay``; with Ray it includes the worker's own busy loop, which the
+  sleeping rollout shares with the computing ones); and ``GET /health`` round trips;
+* ``recovery``: RayBackend with 2 workers of 4 slots and 8 sleeping rollouts; SIGKILL of one
+  worker; seconds until each of its rollouts is published as a failure, until the pool has
+  every worker alive again, and until a new rollout has succeeded.
 
-Every loop is bounded in count and time; the machine's load average is recorded with each
-result (the machine may be shared).
+CPU per rollout is read from ``/proc`` for the server's whole process tree (the server
+itself, which is the Ray driver; ``gcs_server``; ``raylet``; the ``RolloutWorker`` actors;
+any other Ray process) and for this process (the client). Every loop is bounded in count
+and time; the 1-minute load average is recorded with each run (the machine may be shared).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -36,21 +43,25 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
 
 from benchmarks.processes import ROOT, HarnessError, stop_process
-from benchmarks.procstat import cpu_seconds
-from benchmarks.stats import percentile
+from benchmarks.procstat import self_cpu_seconds, tree_cpu_seconds
+from benchmarks.stats import percentile, summarize
 from rollout_client import RolloutClient
 
 START_TIMEOUT_SEC: Final = 120.0
 PROMPT: Final = [{"role": "user", "content": "What is 6 * 7?"}]
 RUN_BOUND_SEC: Final = 300.0
-"""Bound on one configuration's load."""
+"""Bound on one run's load."""
+CPU_MS: Final = 20
+"""Pure-Python CPU time of one rollout of the scaling workload, in milliseconds."""
+PROBE_SETTLE_SEC: Final = 0.1
+"""Pause between admitting a notify probe and cancelling it (its long poll is then waiting)."""
 
 
 def load_average() -> float:
@@ -58,8 +69,53 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def process_kind(comm: str, cmdline: str) -> str:
+    """Which kind of process of a server's tree ``comm``/``cmdline`` is (the root is the
+    ``server``)."""
+    if comm == "gcs_server":
+        return "gcs"
+    if comm == "raylet":
+        return "raylet"
+    if cmdline.startswith("ray::RolloutWorker"):
+        return "workers"
+    return "ray_other"
+
+
+class CpuMeter:
+    """CPU seconds of a server's process tree by kind, and of this process (``client``)."""
+
+    def __init__(self, server_pid: int) -> None:
+        self.server_pid = server_pid
+        self._start: dict[int, tuple[str, float]] = {}
+        self._client = 0.0
+
+    def _read(self) -> dict[int, tuple[str, float]]:
+        read = tree_cpu_seconds(self.server_pid)
+        return {
+            pid: ("server" if pid == self.server_pid else process_kind(comm, cmdline), cpu)
+            for pid, (comm, cmdline, cpu) in read.items()
+        }
+
+    def start(self) -> None:
+        """Take the starting point."""
+        self._start = self._read()
+        self._client = self_cpu_seconds()
+
+    def per_rollout_ms(self, rollouts: int) -> dict[str, float]:
+        """CPU milliseconds per rollout since :meth:`start`, by kind, and their ``total``."""
+        end = self._read()
+        used: dict[str, float] = {}
+        for pid, (kind, cpu) in end.items():
+            before = self._start.get(pid, (kind, 0.0))[1]
+            used[kind] = used.get(kind, 0.0) + cpu - before
+        used["client"] = self_cpu_seconds() - self._client
+        result = {kind: seconds / rollouts * 1e3 for kind, seconds in sorted(used.items())}
+        result["total"] = sum(result.values())
+        return result
+
+
 @contextlib.contextmanager
-def server(backend: str, workers: int = 1, slots: int = 16) -> Iterator[tuple[str, int]]:
+def server(backend: str, workers: int = 1, slots: int = 4) -> Iterator[tuple[str, int]]:
     """Serve ``benchmarks.apps.ray_app:backend`` on 127.0.0.1; yield ``(url, pid)``."""
     work = Path(tempfile.mkdtemp(prefix="rollout-ray-bench-"))
     port_file = work / "port"
@@ -75,7 +131,7 @@ def server(backend: str, workers: int = 1, slots: int = 16) -> Iterator[tuple[st
     command = [
         sys.executable, "-m", "rollout_server", "serve", "benchmarks.apps.ray_app:backend",
         "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
-        "--app-dir", str(ROOT),
+        "--app-dir", str(ROOT), *(["--access-log"] if os.environ.get("BENCH_ACCESS_LOG") else []),
     ]  # fmt: skip
     process = subprocess.Popen(
         command,
@@ -116,14 +172,20 @@ async def rollout(rollout_client: RolloutClient, metadata: dict[str, Any] | None
     )
 
 
+def _label(backend: str, workers: int) -> str:
+    return "local" if backend == "local" else f"ray-{workers}w"
+
+
 async def overhead(backend: str, count: int) -> dict[str, Any]:
-    """No-op rollouts one at a time: latency and server CPU per rollout."""
+    """No-op rollouts one at a time: latency and CPU per rollout."""
+    load_before = load_average()
     with server(backend) as (url, pid):
         async with client(url) as rollout_client:
-            for _ in range(20):  # warm-up: connections, the worker's first imports
+            for _ in range(30):  # warm-up: connections, the worker's first imports
                 await rollout(rollout_client, None)
             latencies = []
-            cpu_before = cpu_seconds(pid)
+            meter = CpuMeter(pid)
+            meter.start()
             async with asyncio.timeout(RUN_BOUND_SEC):
                 for _ in range(count):
                     start = time.perf_counter()
@@ -131,23 +193,49 @@ async def overhead(backend: str, count: int) -> dict[str, Any]:
                     latencies.append(time.perf_counter() - start)
                     if result.status != "success":
                         raise HarnessError(f"a no-op rollout ended {result.status}")
-            cpu = cpu_seconds(pid) - cpu_before
+            cpu = meter.per_rollout_ms(count)
     return {
         "workload": "overhead",
-        "backend": backend,
+        "config": _label(backend, 1),
         "rollouts": count,
         "p50_ms": percentile(latencies, 0.5) * 1e3,
         "p99_ms": percentile(latencies, 0.99) * 1e3,
-        "server_cpu_ms_per_rollout": cpu / count * 1e3,
+        "cpu_ms_per_rollout": cpu,
+        "load_before": load_before,
+        "load_after": load_average(),
     }
 
 
-async def scaling(backend: str, workers: int, count: int, concurrency: int) -> dict[str, Any]:
-    """A closed loop of 20 ms CPU rollouts, with sequential probes of the long poll."""
-    with server(backend, workers=workers) as (url, _pid):
+async def _notify_probe(rollout_client: RolloutClient) -> float:
+    """Seconds from cancelling a waiting rollout to its long poll's answer."""
+    handle = await rollout_client.run_rollout_async(
+        initial_messages=PROMPT,
+        chat_completions_url="http://127.0.0.1:9/v1",
+        rollout_id=uuid.uuid4().hex,
+        metadata={"sleep_sec": 0.0},
+        grade=False,
+    )
+    waiting = asyncio.ensure_future(handle.wait_for_completion())
+    await asyncio.sleep(PROBE_SETTLE_SEC)
+    start = time.perf_counter()
+    await rollout_client.cancel_rollout(handle.rollout_id)
+    result = await waiting
+    elapsed = time.perf_counter() - start
+    if str(getattr(result.status, "value", result.status)) != "cancelled":
+        raise HarnessError(f"a notify probe ended {result.status} (it was not waiting)")
+    return elapsed
+
+
+async def scaling(
+    backend: str, workers: int, count: int, concurrency: int, slots: int
+) -> dict[str, Any]:
+    """A closed loop of CPU-bound rollouts, with sequential probes of the long poll."""
+    load_before = load_average()
+    with server(backend, workers=workers, slots=slots) as (url, pid):
         async with client(url) as rollout_client:
-            for _ in range(concurrency):
-                await rollout(rollout_client, {"cpu_ms": 20})
+            await asyncio.gather(
+                *(rollout(rollout_client, {"cpu_ms": CPU_MS}) for _ in range(concurrency))
+            )
             remaining = count
             stop = asyncio.Event()
 
@@ -155,12 +243,14 @@ async def scaling(backend: str, workers: int, count: int, concurrency: int) -> d
                 nonlocal remaining
                 while remaining > 0:
                     remaining -= 1
-                    await rollout(rollout_client, {"cpu_ms": 20})
+                    await rollout(rollout_client, {"cpu_ms": CPU_MS})
 
+            notifies: list[float] = []
             delays: list[float] = []
 
             async def probe() -> None:
                 while not stop.is_set():
+                    notifies.append(await _notify_probe(rollout_client))
                     result = await rollout(rollout_client, {"sleep_sec": 0.2})
                     received = time.time()
                     assert result.sample is not None
@@ -175,31 +265,41 @@ async def scaling(backend: str, workers: int, count: int, concurrency: int) -> d
                     pings.append(time.perf_counter() - start)
                     await asyncio.sleep(0.05)
 
+            meter = CpuMeter(pid)
             async with asyncio.timeout(RUN_BOUND_SEC):
+                meter.start()
                 probers = [asyncio.create_task(probe()), asyncio.create_task(ping())]
                 start = time.perf_counter()
                 await asyncio.gather(*(loop() for _ in range(concurrency)))
                 elapsed = time.perf_counter() - start
                 stop.set()
                 await asyncio.gather(*probers)
+            # The probes' rollouts ran too; count them with the rest.
+            cpu = meter.per_rollout_ms(count + len(delays) + len(notifies))
     return {
         "workload": "scaling",
-        "backend": backend,
-        "workers": workers if backend == "ray" else None,
+        "config": _label(backend, workers),
         "rollouts": count,
         "concurrency": concurrency,
+        "slots_per_worker": slots,
         "rollouts_per_sec": count / elapsed,
+        "cpu_ms_per_rollout": cpu,
         "probes": len(delays),
-        "notify_p50_ms": percentile(delays, 0.5) * 1e3,
-        "notify_p99_ms": percentile(delays, 0.99) * 1e3,
+        "notify_p50_ms": percentile(notifies, 0.5) * 1e3,
+        "notify_p99_ms": percentile(notifies, 0.99) * 1e3,
+        "result_delay_p50_ms": percentile(delays, 0.5) * 1e3,
+        "result_delay_p99_ms": percentile(delays, 0.99) * 1e3,
         "health_p50_ms": percentile(pings, 0.5) * 1e3,
         "health_p99_ms": percentile(pings, 0.99) * 1e3,
+        "load_before": load_before,
+        "load_after": load_average(),
     }
 
 
 async def recovery(in_flight: int) -> dict[str, Any]:
     """SIGKILL of one of 2 workers with rollouts in flight: time to failures, to a full pool."""
-    with server("ray", workers=2, slots=8) as (url, _pid):
+    load_before = load_average()
+    with server("ray", workers=2, slots=4) as (url, _pid):
         async with client(url) as rollout_client:
             handles = [
                 await rollout_client.run_rollout_async(
@@ -237,7 +337,7 @@ async def recovery(in_flight: int) -> dict[str, Any]:
     statuses = sorted({(_text(r.status), _text(r.err_category)) for r in failures})
     return {
         "workload": "recovery",
-        "backend": "ray",
+        "config": "ray-2w",
         "in_flight": in_flight,
         "failed_rollouts": len(failures),
         "outcomes": [list(pair) for pair in statuses],
@@ -245,6 +345,8 @@ async def recovery(in_flight: int) -> dict[str, Any]:
         "replacement_alive_after_sec": alive_after,
         "next_rollout": _text(served.status),
         "next_rollout_done_after_sec": served_after,
+        "load_before": load_before,
+        "load_after": load_average(),
     }
 
 
@@ -253,48 +355,91 @@ def _text(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    """A markdown table of the results."""
-    lines = ["| workload | backend | figures | load avg |", "|---|---|---|---|"]
+def _numbers(result: dict[str, Any]) -> dict[str, float]:
+    """The numeric figures of one run, nested ones flattened (``cpu_ms_per_rollout.raylet``)."""
+    flat: dict[str, float] = {}
+    for key, value in result.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{inner}": float(item) for inner, item in value.items()})
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            flat[key] = float(value)
+    return flat
+
+
+def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload and configuration: median, min and max of every figure over its runs."""
+    groups: dict[tuple[str, str], list[dict[str, float]]] = {}
     for result in results:
+        groups.setdefault((result["workload"], result["config"]), []).append(_numbers(result))
+    rows = []
+    for (workload, config), runs in groups.items():
+        keys = sorted({key for run in runs for key in run})
         figures = {
-            k: round(v, 2) if isinstance(v, float) else str(v) if isinstance(v, list) else v
-            for k, v in result.items()
-            if k not in ("workload", "backend", "load_average")
+            key: summarize([run[key] for run in runs if key in run])
+            for key in keys
+            if all(key in run for run in runs)
         }
-        lines.append(
-            f"| {result['workload']} | {result['backend']} | {figures} | "
-            f"{result['load_average']:.1f} |"
-        )
-    return "\n".join(lines)
+        rows.append({"workload": workload, "config": config, "runs": len(runs), **figures})
+    return rows
+
+
+def _rounds(
+    repeats: int, runs: list[Callable[[], Coroutine[Any, Any, dict[str, Any]]]]
+) -> Iterator[Callable[[], Coroutine[Any, Any, dict[str, Any]]]]:
+    """ABAB...: every configuration once per round, the order reversed every other round."""
+    for index in range(repeats):
+        yield from runs if index % 2 == 0 else reversed(runs)
 
 
 async def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", maxsplit=1)[0])
     parser.add_argument("--overhead-count", type=int, default=300)
     parser.add_argument("--scaling-count", type=int, default=600)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--slots", type=int, default=4, help="slots per worker (and local)")
     parser.add_argument("--in-flight", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each configuration")
+    parser.add_argument(
+        "--config",
+        action="append",
+        choices=("local", "ray-1w", "ray-2w"),
+        help="configurations of the scaling workload (default all three)",
+    )
     parser.add_argument("--workload", action="append", choices=("overhead", "scaling", "recovery"))
+    parser.add_argument("--output", type=Path, help="also write every run as JSON lines here")
     args = parser.parse_args(argv)
     chosen = args.workload or ["overhead", "scaling", "recovery"]
-    runs: list[Any] = []
+    configs = args.config or ["local", "ray-1w", "ray-2w"]
+    schedule: list[Callable[[], Coroutine[Any, Any, dict[str, Any]]]] = []
     if "overhead" in chosen:
-        runs += [overhead("local", args.overhead_count), overhead("ray", args.overhead_count)]
+        schedule += _rounds(
+            args.repeats,
+            [
+                functools.partial(overhead, "local", args.overhead_count),
+                functools.partial(overhead, "ray", args.overhead_count),
+            ],
+        )
     if "scaling" in chosen:
-        runs += [
-            scaling(backend, workers, args.scaling_count, args.concurrency)
+        runs = [
+            functools.partial(
+                scaling, backend, workers, args.scaling_count, args.concurrency, args.slots
+            )
             for backend, workers in (("local", 1), ("ray", 1), ("ray", 2))
+            if _label(backend, workers) in configs
         ]
+        schedule += _rounds(args.repeats, runs)
     if "recovery" in chosen:
-        runs.append(recovery(args.in_flight))
+        schedule += [functools.partial(recovery, args.in_flight)] * args.repeats
     results = []
-    for run in runs:
-        result = await run
-        result["load_average"] = load_average()
+    for run in schedule:
+        result = await run()
         print(json.dumps(result), flush=True)
+        if args.output is not None:
+            with args.output.open("a", encoding="utf-8") as output:
+                output.write(json.dumps(result) + "\n")
         results.append(result)
-    print(table(results))
+    for row in summary(results):
+        print(json.dumps(row))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from ._local_backend import (
 )
 from ._logtext import get_logger
 from ._ray_pool import RolloutLostError, ServerDeadlineError, WorkerPool
-from ._ray_worker import CANCELLED, RolloutWorker, WorkerSpec, decode_outcome, encode_request
+from ._ray_worker import CANCELLED, RolloutWorker, WorkerSpec, decode_outcome
 from ._workflow import AgentWorkflow, AgentWorkflowConfig
 
 __all__ = ["RayBackend"]
@@ -71,6 +71,11 @@ RESERVED_OPTIONS: Final = frozenset(
     {"max_restarts", "max_task_retries", "max_concurrency", "concurrency_groups", "name"}
 )
 """Actor options the pool sets itself (see :mod:`rollout_server._ray_pool`)."""
+
+WORKER_OPTION_DEFAULTS: Final = {"num_cpus": 1, "enable_task_events": False}
+"""Actor options of each worker unless ``worker_options`` sets them: one CPU, and no Ray
+task events (a record per call in the GCS, which costs CPU there and in the server per
+rollout and fills the dashboard's task table with one entry per rollout)."""
 
 LOOPBACK_ENV: Final = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Set to ``0`` (unless set already) before RayBackend imports Ray to start a local cluster
@@ -113,8 +118,9 @@ class RayBackend(ExecutionBackend):
             slot is busy.
         worker_options: Ray actor options of each worker (``num_cpus``, ``num_gpus``,
             ``memory``, ``resources``, ``runtime_env``, ``scheduling_strategy``, ...);
-            default ``{"num_cpus": 1}``. The pool sets ``max_restarts``,
-            ``max_task_retries``, ``max_concurrency`` and ``concurrency_groups`` itself.
+            default ``{"num_cpus": 1, "enable_task_events": False}``. The pool sets
+            ``max_restarts``, ``max_task_retries``, ``max_concurrency`` and
+            ``concurrency_groups`` itself.
         address: The Ray cluster to join; default ``$RAY_ADDRESS``, else a new local
             cluster (bound to 127.0.0.1). Ignored when Ray is initialised already.
         init_options: Further keyword arguments of ``ray.init()`` (such as ``num_cpus``
@@ -181,9 +187,13 @@ class RayBackend(ExecutionBackend):
                 f"worker_options must not set {', '.join(reserved)}: the pool sets them itself "
                 "(one incarnation per worker, no task retries)"
             )
-        options.setdefault("num_cpus", 1)
+        options = {**WORKER_OPTION_DEFAULTS, **options}
         calls = UNLIMITED_CALLS if self._slots is None else self._slots
-        options.update(max_restarts=0, max_task_retries=0, max_concurrency=calls + CONTROL_CALLS)
+        options.update(
+            max_restarts=0,
+            max_task_retries=0,
+            max_concurrency=calls + CONTROL_CALLS,
+        )
         self._actor_options = options
         self._spec = WorkerSpec(
             workflow=workflow,
@@ -447,7 +457,8 @@ class RayBackend(ExecutionBackend):
         dispatch = pool.dispatch(
             worker,
             request,
-            encode_request(request, now - entered, process_id),
+            now - entered,
+            process_id,
             None if deadline is None else deadline + self._deadline_grace_sec,
         )
         try:

@@ -28,17 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import itertools
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 from rollout_types import RolloutStatus
 
 from ._backend import ExecutionRequest
 from ._logtext import get_logger
-from ._ray_worker import WorkerSpec
+from ._ray_worker import WorkerSpec, encode_request
 
 __all__ = [
     "Dispatch",
@@ -75,9 +76,28 @@ def describe_ray_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def _consume(future: asyncio.Future[Any]) -> None:
+def _consume(future: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # retrieved: a failed call nobody awaits is not logged as unhandled
+
+
+def _when_done(
+    loop: asyncio.AbstractEventLoop,
+    ref: Any,
+    callback: Callable[[concurrent.futures.Future[Any]], None],
+) -> None:
+    """Call ``callback(future)`` on ``loop`` once the Ray call of ``ref`` has ended.
+
+    One Ray-side future and one hop to the loop per call (``asyncio.wrap_future()`` would
+    add an asyncio future and a second loop turn); the callback gets a done
+    ``concurrent.futures.Future``.
+    """
+
+    def hop(future: concurrent.futures.Future[Any]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits anymore
+            loop.call_soon_threadsafe(callback, future)
+
+    ref.future().add_done_callback(hop)
 
 
 class PoolWorker:
@@ -92,7 +112,6 @@ class PoolWorker:
         self.held = 0
         self.inflight: dict[int, Dispatch] = {}
         self.lost: str | None = None
-        self.events: asyncio.Future[Any] | None = None
 
     @property
     def serving(self) -> bool:
@@ -127,7 +146,6 @@ class Dispatch:
     """
 
     __slots__ = (
-        "call",
         "ended",
         "future",
         "grader_budget_sec",
@@ -152,7 +170,6 @@ class Dispatch:
         self.worker = worker
         self.future = future
         self.grader_budget_sec = grader_budget_sec
-        self.call: asyncio.Future[Any] | None = None
         self.ended = False
         self.grading = False
         self.timer: asyncio.TimerHandle | None = None
@@ -251,7 +268,9 @@ class WorkerPool:
         workers = [worker for worker in self.workers if worker is not None]
         live = [worker for worker in workers if worker.serving]
         if live:
-            calls = [worker.handle.shutdown.remote().as_future() for worker in live]
+            calls = [
+                asyncio.wrap_future(worker.handle.shutdown.remote().future()) for worker in live
+            ]
             _, pending = await asyncio.wait(calls, timeout=drain_sec)
             for call in calls:
                 call.add_done_callback(_consume)
@@ -368,7 +387,8 @@ class WorkerPool:
         self,
         worker: PoolWorker,
         request: ExecutionRequest,
-        payload: tuple[Any, ...],
+        elapsed_sec: float,
+        process_id: str,
         deadline: float | None,
     ) -> Dispatch:
         """Send one rollout to ``worker`` (whose slot the caller holds).
@@ -376,7 +396,8 @@ class WorkerPool:
         Args:
             worker: From :meth:`take` or :meth:`acquire`.
             request: The server's request (its ``on_status`` receives ``grading``).
-            payload: :func:`~rollout_server._ray_worker.encode_request`'s tuple.
+            elapsed_sec: Seconds since the rollout's admission.
+            process_id: The server's ``process_id`` (for the worker's rollout context).
             deadline: ``loop.time()`` past which the server stops waiting for the workflow
                 (its deadline plus the grace), or None.
         """
@@ -391,17 +412,19 @@ class WorkerPool:
         key = dispatch.key
         worker.inflight[key] = dispatch
         try:
-            call = worker.run.remote(key, payload).as_future()
+            _when_done(
+                self._loop,
+                worker.run.remote(encode_request(key, request, elapsed_sec, process_id)),
+                functools.partial(self._replied, dispatch),
+            )
         except BaseException:
             self._end(dispatch)
             raise
-        dispatch.call = call
-        call.add_done_callback(functools.partial(self._replied, dispatch))
         if deadline is not None:
             dispatch.timer = self._loop.call_at(deadline, self._expire, dispatch)
         return dispatch
 
-    def _replied(self, dispatch: Dispatch, call: asyncio.Future[Any]) -> None:
+    def _replied(self, dispatch: Dispatch, call: concurrent.futures.Future[Any]) -> None:
         if call.cancelled():
             self._end(dispatch)
             return
@@ -480,7 +503,7 @@ class WorkerPool:
     async def _settle(self, dispatch: Dispatch, why: str) -> None:
         worker = dispatch.worker
         with contextlib.suppress(Exception):
-            worker.handle.cancel.remote([dispatch.key]).as_future().add_done_callback(_consume)
+            worker.handle.cancel.remote([dispatch.key]).future().add_done_callback(_consume)
         if dispatch.ended:
             return
         settled = dispatch.settled = self._loop.create_future()
@@ -520,14 +543,15 @@ class WorkerPool:
 
     def _poll_events(self, worker: PoolWorker) -> None:
         try:
-            events = worker.handle.events.remote().as_future()
+            _when_done(
+                self._loop,
+                worker.handle.events.remote(),
+                functools.partial(self._events_done, worker),
+            )
         except Exception as exc:  # noqa: BLE001 - any failed call means the worker is gone
             self._lose(worker, describe_ray_error(exc))
-            return
-        worker.events = events
-        events.add_done_callback(functools.partial(self._events_done, worker))
 
-    def _events_done(self, worker: PoolWorker, events: asyncio.Future[Any]) -> None:
+    def _events_done(self, worker: PoolWorker, events: concurrent.futures.Future[Any]) -> None:
         if worker.lost is not None or events.cancelled():
             return
         error = events.exception()
@@ -551,8 +575,6 @@ class WorkerPool:
         for dispatch in dispatches:
             self._end(dispatch)
             self._fail(dispatch, RolloutLostError(_lost_message(worker, cause)))
-        if worker.events is not None:
-            worker.events.add_done_callback(_consume)
         self._kill(worker.handle)
         if replace and not self._closed:
             self.lost_count += 1

@@ -102,12 +102,14 @@ class WorkerSpec:
 
 
 def encode_request(
-    request: ExecutionRequest, elapsed_sec: float, process_id: str
+    key: int, request: ExecutionRequest, elapsed_sec: float, process_id: str
 ) -> tuple[Any, ...]:
-    """``request`` as :meth:`RolloutWorker.run` receives it: plain values, without the
-    server's callbacks, and with the seconds since admission instead of the admission
-    stamp (monotonic clocks differ between nodes)."""
+    """``request`` as :meth:`RolloutWorker.run` receives it, under its dispatch ``key``:
+    plain values, without the server's callbacks, and with the seconds since admission
+    instead of the admission stamp (monotonic clocks differ between nodes). One argument:
+    Ray serializes each argument of a call on its own."""
     return (
+        key,
         request.id,
         request.prompt,
         request.chat_completions_url,
@@ -130,6 +132,7 @@ def _decode_request(
     observer: ExecutionObserver,
 ) -> tuple[ExecutionRequest, str]:
     (
+        _key,
         rollout_id,
         prompt,
         url,
@@ -315,16 +318,16 @@ class RolloutWorker:
             "host": socket.gethostname(),
         }
 
-    async def run(self, key: int, payload: tuple[Any, ...]) -> tuple[Any, ...] | str:
+    async def run(self, payload: tuple[Any, ...]) -> tuple[Any, ...] | str:
         """Execute one rollout; return :func:`encode_outcome`'s tuple, or
         :data:`CANCELLED`. An exception of ``execute()`` becomes a categorised failure, as
         the server reports one.
 
         Args:
-            key: The dispatch key (unique per pool): reports and cancellations name the
-                rollout by it.
-            payload: :func:`encode_request`'s tuple.
+            payload: :func:`encode_request`'s tuple; its first item is the dispatch key
+                (unique per pool), by which reports and cancellations name the rollout.
         """
+        key: int = payload[0]
         if key in self._cancelled_early:
             self._cancelled_early.discard(key)
             return CANCELLED
