@@ -24,6 +24,7 @@ import rollout_server
 from rollout_server import ROLLOUT_SERVER_KEY, ServerConfigError, ServeTargetError
 from rollout_server._cli import (
     GC_YOUNG_THRESHOLD,
+    LISTEN_BACKLOG,
     build_app,
     build_parser,
     load_target,
@@ -317,6 +318,34 @@ class TestServe:
             await task
         assert not port_file.exists()
         assert not app[ROLLOUT_SERVER_KEY].accepting_rollouts
+
+    async def test_the_listening_socket_has_a_deep_accept_queue(
+        self, app_dir: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """serve() listens with a backlog of LISTEN_BACKLOG (4096), not aiohttp's 128, which
+        drops connections when thousands of callers open long polls at once."""
+        loop = asyncio.get_running_loop()
+        backlogs: list[object] = []
+        listening = asyncio.Event()
+        create_server = loop.create_server
+
+        async def recording_create_server(*args: Any, **kwargs: Any) -> asyncio.Server:
+            backlogs.append(kwargs.get("backlog"))
+            server = await create_server(*args, **kwargs)
+            listening.set()
+            return server
+
+        monkeypatch.setattr(loop, "create_server", recording_create_server)
+        target = load_target("cli_targets:factory", app_dir=str(app_dir))
+        app = await build_app(target, parse("cli_targets:factory", "--drain-timeout-sec", "0"))
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(app, host="127.0.0.1", port=0, stop=stop))
+        async with asyncio.timeout(EVENT_SEC):
+            await listening.wait()
+        stop.set()
+        async with asyncio.timeout(EVENT_SEC):
+            await task
+        assert backlogs == [LISTEN_BACKLOG] == [4096]
 
 
 @contextlib.contextmanager
