@@ -31,7 +31,7 @@ from rollout_server import (
     current_rollout_context,
     get_rollout_context,
 )
-from rollout_server import _local_backend as local_backend_module
+from rollout_server import _trajectory as trajectory_module
 from rollout_server._context import bind_rollout_context
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
@@ -569,7 +569,7 @@ class TestContexts:
     ) -> None:
         """When the artifacts directory cannot be made (after 3 tries), the workflow gets
         None and still runs."""
-        monkeypatch.setattr(local_backend_module, "ARTIFACTS_DIR_RETRY_DELAYS_SEC", (0.0, 0.0))
+        monkeypatch.setattr(trajectory_module, "ARTIFACTS_DIR_RETRY_DELAYS_SEC", (0.0, 0.0))
         root = tmp_path / "file"
         root.write_text("not a directory")
 
@@ -1088,7 +1088,7 @@ class TestTrajectory:
         def broken(*_args: Any) -> None:
             raise OSError("disk full")
 
-        monkeypatch.setattr(local_backend_module, "write_rollout_files", broken)
+        monkeypatch.setattr(trajectory_module, "write_rollout_files", broken)
         backend = backend_for(tmp_path, AnswerWorkflow, grader=HalfGrader)
         with caplog.at_level(logging.WARNING, logger="rollout_server"):
             outcome = await backend.execute(make_request())
@@ -1101,19 +1101,19 @@ class TestTrajectory:
     ) -> None:
         """When file jobs run in a worker thread and the trajectory write hangs, the
         outcome is returned once FILE_JOB_TIMEOUT_SEC has passed, with a WARNING."""
-        monkeypatch.setattr(local_backend_module, "FILE_JOB_TIMEOUT_SEC", 0.05)
+        monkeypatch.setattr(trajectory_module, "FILE_JOB_TIMEOUT_SEC", 0.05)
         # Every job counts as stalled: file jobs run in a worker thread from the first on.
         monkeypatch.setattr(
-            local_backend_module,
+            trajectory_module,
             "BatchOffloader",
-            functools.partial(local_backend_module.BatchOffloader, stall_sec=0.0),
+            functools.partial(trajectory_module.BatchOffloader, stall_sec=0.0),
         )
         release = threading.Event()
 
         def hung(*_args: Any) -> None:
             release.wait(timeout=30)
 
-        monkeypatch.setattr(local_backend_module, "write_rollout_files", hung)
+        monkeypatch.setattr(trajectory_module, "write_rollout_files", hung)
         backend = backend_for(tmp_path, AnswerWorkflow, grader=HalfGrader)
         try:
             with caplog.at_level(logging.WARNING, logger="rollout_server"):

@@ -541,14 +541,14 @@ class TestCopies:
     def test_json_values_are_copied_deeply(self) -> None:
         """Nested dicts and lists are new objects with equal content; scalars are kept;
         other objects inside are deep-copied."""
-        from rollout_server._local_backend import _copy_json
+        from rollout_server._copying import copy_json
 
         class Box:
             def __init__(self) -> None:
                 self.items = [1]
 
         value = {"a": [{"b": "c", "n": 1.5}], "box": Box(), "t": (1, [2])}
-        copied = _copy_json(value)
+        copied = copy_json(value)
         assert copied["a"] == value["a"]
         assert copied["a"] is not value["a"]
         assert copied["a"][0] is not value["a"][0]
@@ -562,14 +562,14 @@ class TestCopies:
         something that cannot be copied gets a shallow snapshot."""
         import threading
 
-        from rollout_server._local_backend import _snapshot
+        from rollout_server._copying import snapshot_messages
 
         cyclic: dict[str, Any] = {"role": "user"}
         cyclic["self"] = cyclic
-        (copied,) = _snapshot([cyclic])
+        (copied,) = snapshot_messages([cyclic])
         assert copied is not cyclic
         assert copied["self"] is copied
         lock_message = {"role": "tool", "lock": threading.Lock()}
-        (shallow,) = _snapshot([lock_message])
+        (shallow,) = snapshot_messages([lock_message])
         assert shallow is not lock_message
         assert shallow["lock"] is lock_message["lock"]

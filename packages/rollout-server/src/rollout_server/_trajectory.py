@@ -1,4 +1,13 @@
-"""Where a rollout's files live, and how its trajectory is saved.
+"""A rollout's files: what its trajectory says, and where and how it is written.
+
+The module has two halves with one seam between them. *What the document says*:
+:class:`RolloutFacts` (everything a finished rollout's files are built from) and
+:func:`build_trajectory` / :func:`build_diagnostics`, which turn those facts into JSON
+documents. *Where and how they are written*: the layout and artifact root below,
+:func:`encode_document` and :func:`write_json_atomic` (any document), and
+:class:`RolloutFiles`, which makes each rollout's directory and writes its documents
+through a :class:`~rollout_server._offload.BatchOffloader`, off the loop's callers. A new
+document format changes the first half only.
 
 Layout, per rollout, under the artifact root::
 
@@ -48,6 +57,8 @@ reader never sees half a file.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
 import functools
 import itertools
@@ -60,17 +71,25 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Final
 
-from rollout_types import fit_json
+import attrs
 
-from ._backend import ExecutionRequest, ExecutionResult, Sample
+from rollout_types import fit_json, is_single_path_segment
+
+from ._backend import ExecutionOutcome, ExecutionRequest, ExecutionResult
+from ._offload import BatchOffloader
 
 __all__ = [
     "ARTIFACTS_DIR_NAME",
+    "ARTIFACTS_DIR_RETRY_DELAYS_SEC",
     "ARTIFACT_ROOT_ENV",
     "DIAGNOSTICS_FILE_NAME",
+    "FILE_JOB_TIMEOUT_SEC",
     "OSMOSIS_ARTIFACT_ROOT_ENV",
     "TRAJECTORY_FILE_NAME",
     "TRAJECTORY_SCHEMA_VERSION",
+    "RolloutFacts",
+    "RolloutFiles",
+    "build_diagnostics",
     "build_trajectory",
     "default_artifact_root",
     "encode_document",
@@ -80,6 +99,8 @@ __all__ = [
 ]
 
 logger: Final = logging.getLogger("rollout_server.trajectory")
+# What RolloutFiles logs about one rollout keeps the logger it had inside LocalBackend.
+rollout_logger: Final = logging.getLogger("rollout_server.local_backend")
 
 TRAJECTORY_SCHEMA_VERSION: Final = "rollout-trajectory/1"
 """``schema_version`` of the ``trajectory.json`` this module writes."""
@@ -94,25 +115,36 @@ ARTIFACTS_DIR_NAME: Final = "artifacts"
 TRAJECTORY_FILE_NAME: Final = "trajectory.json"
 DIAGNOSTICS_FILE_NAME: Final = "diagnostics.json"
 
+ARTIFACTS_DIR_RETRY_DELAYS_SEC: Final = (0.5, 1.0)
+"""Pauses between the 3 attempts to create a rollout's directory (as osmosis-ai does for its
+artifacts directory)."""
 
-def default_artifact_root(environ: Mapping[str, str] | None = None) -> Path:
-    """The artifact root when the backend is given none (see the module docstring).
+FILE_JOB_TIMEOUT_SEC: Final = 10.0
+"""Longest a rollout waits for one of its file jobs (its directory, its trajectory) when
+they run in a worker thread (a slow file system); the job goes on after."""
 
-    Args:
-        environ: The environment to read; default ``os.environ``.
 
-    Returns:
-        An absolute path (not created).
+# -- What the document says --------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class RolloutFacts:
+    """Everything a finished rollout's files are built from.
+
+    Attributes:
+        request: The rollout's request.
+        outcome: What :meth:`~rollout_server.ExecutionBackend.execute` returned (or had
+            when it was cancelled).
+        reported: The result the caller is told; None means ``outcome.reported()``.
+        timings: ``queued_sec``, ``workflow_sec``, ``grader_sec``, ``total_sec``.
+        workflow_info: ``AgentWorkflowOutput.info``.
     """
-    env = os.environ if environ is None else environ
-    for name in (ARTIFACT_ROOT_ENV, OSMOSIS_ARTIFACT_ROOT_ENV):
-        value = env.get(name, "").strip()
-        if value:
-            return Path(value).expanduser().absolute()
-    state_home = env.get("XDG_STATE_HOME", "").strip()
-    if state_home and Path(state_home).is_absolute():  # XDG: relative values are ignored
-        return Path(state_home) / "rollout" / "artifacts"
-    return Path.home() / ".local" / "state" / "rollout" / "artifacts"
+
+    request: ExecutionRequest
+    outcome: ExecutionOutcome
+    reported: ExecutionResult | None = None
+    timings: Mapping[str, float | None]
+    workflow_info: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 def _phase(result: ExecutionResult | None) -> dict[str, Any] | None:
@@ -135,31 +167,21 @@ def _writer_version() -> str:
         return "0.0.0"
 
 
-def build_trajectory(
-    *,
-    request: ExecutionRequest,
-    reported: ExecutionResult,
-    sample: Sample | None,
-    workflow: ExecutionResult | None,
-    grader: ExecutionResult | None,
-    timings: Mapping[str, float | None],
-    workflow_info: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+def build_trajectory(facts: RolloutFacts) -> dict[str, Any]:
     """Build the ``trajectory.json`` document of one rollout (format in the module docstring).
-
-    Args:
-        request: The rollout's request.
-        reported: The result the caller is told (status and error).
-        sample: The sample to save (the grader's if it has one, else the workflow's), or None.
-        workflow: The workflow phase's result, or None if it never ran.
-        grader: The grader phase's result, or None if it did not grade.
-        timings: ``queued_sec``, ``workflow_sec``, ``grader_sec``, ``total_sec``.
-        workflow_info: ``AgentWorkflowOutput.info``; default empty.
 
     Returns:
         The document, holding the sample's values as they are: :func:`encode_document` fits
         what strict JSON cannot hold when it writes it.
     """
+    request, outcome = facts.request, facts.outcome
+    reported = outcome.reported() if facts.reported is None else facts.reported
+    grader = outcome.grader
+    sample = (
+        grader.sample
+        if grader is not None and grader.sample is not None
+        else outcome.workflow.sample
+    )
     return {
         "schema_version": TRAJECTORY_SCHEMA_VERSION,
         "rollout_id": request.id,
@@ -173,7 +195,7 @@ def build_trajectory(
         "trajectory_messages": None if sample is None else sample.trajectory_messages,
         "metrics": {} if sample is None else sample.metrics,
         "extra_fields": {} if sample is None else sample.extra_fields,
-        "workflow_info": dict(workflow_info or {}),
+        "workflow_info": dict(facts.workflow_info),
         "request": {
             "initial_messages": request.prompt,
             "metadata": request.metadata,
@@ -182,11 +204,44 @@ def build_trajectory(
             "grader_timeout_sec": request.grader_timeout_sec,
             "grade": request.grade,
         },
-        "phases": {"workflow": _phase(workflow), "grader": _phase(grader)},
-        "timings": dict(timings),
+        "phases": {"workflow": _phase(outcome.workflow), "grader": _phase(grader)},
+        "timings": dict(facts.timings),
         "saved_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
         "writer": {"name": "rollout-server", "version": _writer_version()},
     }
+
+
+def build_diagnostics(facts: RolloutFacts) -> dict[str, Any] | None:
+    """The ``diagnostics.json`` document: the phases' diagnostics (``extra_fields``, such
+    as ``workflow_error`` with its traceback) merged; None when there are none."""
+    diagnostics: dict[str, Any] = {}
+    for result in (facts.outcome.workflow, facts.outcome.grader):
+        if result is not None and result.extra_fields:
+            diagnostics.update(result.extra_fields)
+    return diagnostics or None
+
+
+# -- Where and how it is written -----------------------------------------------------------
+
+
+def default_artifact_root(environ: Mapping[str, str] | None = None) -> Path:
+    """The artifact root when the backend is given none (see the module docstring).
+
+    Args:
+        environ: The environment to read; default ``os.environ``.
+
+    Returns:
+        An absolute path (not created).
+    """
+    env = os.environ if environ is None else environ
+    for name in (ARTIFACT_ROOT_ENV, OSMOSIS_ARTIFACT_ROOT_ENV):
+        value = env.get(name, "").strip()
+        if value:
+            return Path(value).expanduser().absolute()
+    state_home = env.get("XDG_STATE_HOME", "").strip()
+    if state_home and Path(state_home).is_absolute():  # XDG: relative values are ignored
+        return Path(state_home) / "rollout" / "artifacts"
+    return Path.home() / ".local" / "state" / "rollout" / "artifacts"
 
 
 _TEMP_SEQUENCE: Final = itertools.count()
@@ -308,3 +363,124 @@ def make_directory(path: str | os.PathLike[str]) -> None:
         os.mkdir(path)
     except OSError:
         Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def _write_files(rollout_dir: str, facts: RolloutFacts) -> None:
+    """The file job of one rollout: build its documents and write them (blocking).
+
+    Building walks the whole sample (JSON fitting), so it runs here, off the loop's callers
+    too; nothing changes the sample meanwhile (the backend has finished with it).
+    """
+    write_rollout_files(Path(rollout_dir), build_trajectory(facts), build_diagnostics(facts))
+
+
+class RolloutFiles:
+    """The files of one backend's rollouts: each one's directory, and its documents
+    written off the event loop's callers.
+
+    File jobs run through a :class:`~rollout_server._offload.BatchOffloader` (on the loop at
+    the end of its turn while the file system is fast; in a worker thread, each wait bounded
+    by :data:`FILE_JOB_TIMEOUT_SEC`, once it is slow).
+
+    Args:
+        root: The absolute artifact root.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._jobs = BatchOffloader(thread_timeout_sec=FILE_JOB_TIMEOUT_SEC)
+        self._writes: set[asyncio.Future[None]] = set()
+
+    def rollout_dir(self, rollout_id: str) -> str | None:
+        """``<root>/<rollout_id>``, or None when the id is not a single path segment (such
+        a rollout keeps no files). A string: a Path held per rollout costs ~250 bytes."""
+        if not is_single_path_segment(rollout_id):
+            return None
+        return os.path.join(self.root, rollout_id)
+
+    async def prepare(self, rollout_id: str) -> str | None:
+        """Make the rollout's directory (3 attempts, as osmosis-ai makes its artifacts
+        directory, pausing :data:`ARTIFACTS_DIR_RETRY_DELAYS_SEC`).
+
+        Returns:
+            The path of its ``artifacts/`` directory (not made: user code makes it when it
+            first asks, see :class:`~rollout_server._lazydir.LazyDirectory`); None when the
+            id keeps no files or the directory cannot be made (a WARNING says why).
+        """
+        path = self.rollout_dir(rollout_id)
+        if path is None:
+            rollout_logger.warning(
+                "Rollout %r: the id is not a single path segment; no artifacts directory or "
+                "trajectory is kept for it",
+                rollout_id,
+            )
+            return None
+        delays = (*ARTIFACTS_DIR_RETRY_DELAYS_SEC, None)
+        for attempt, delay in enumerate(delays, start=1):
+            try:
+                await self._jobs.submit(functools.partial(make_directory, path))
+            except OSError as exc:
+                if delay is None:
+                    rollout_logger.warning(
+                        "Rollout %s: cannot create %s after %d attempts (%s); the workflow "
+                        "gets artifacts_dir=None",
+                        rollout_id,
+                        path,
+                        attempt,
+                        exc,
+                    )
+                    return None
+                await asyncio.sleep(delay)
+            else:
+                return os.path.join(path, ARTIFACTS_DIR_NAME)
+        return None  # pragma: no cover - the loop always returns
+
+    def save_soon(self, facts: RolloutFacts) -> asyncio.Future[None] | None:
+        """Start writing the rollout's ``trajectory.json`` (and ``diagnostics.json``).
+
+        A failure is logged (WARNING), never raised to the rollout. :meth:`wait_for_writes`
+        waits for the write.
+
+        Returns:
+            The write's future (bounded: it fails with TimeoutError after
+            :data:`FILE_JOB_TIMEOUT_SEC` in a worker thread), or None when the id keeps
+            no files.
+        """
+        rollout_id = facts.request.id
+        rollout_dir = self.rollout_dir(rollout_id)
+        if rollout_dir is None:
+            return None
+        write = self._jobs.submit(functools.partial(_write_files, rollout_dir, facts))
+        write.add_done_callback(functools.partial(_log_write, rollout_id, rollout_dir))
+        self._writes.add(write)
+        write.add_done_callback(self._writes.discard)
+        return write
+
+    async def save(self, facts: RolloutFacts) -> None:
+        """Write the rollout's files and wait for the write (see :meth:`save_soon`);
+        never raises but CancelledError, and cancelling the wait does not stop the write."""
+        write = self.save_soon(facts)
+        if write is not None:
+            with contextlib.suppress(Exception):  # _log_write reports it
+                await asyncio.shield(write)
+
+    async def wait_for_writes(self, timeout_sec: float) -> None:
+        """Wait up to ``timeout_sec`` seconds for the writes still in flight; stop waiting
+        for the rest (a write already running in a thread goes on)."""
+        pending = [write for write in self._writes if not write.done()]
+        if pending:
+            _done, still = await asyncio.wait(pending, timeout=timeout_sec)
+            for write in still:
+                write.cancel()
+
+
+def _log_write(rollout_id: str, rollout_dir: str, write: asyncio.Future[None]) -> None:
+    if write.cancelled():
+        return
+    exc = write.exception()
+    if exc is not None:
+        rollout_logger.warning("Rollout %s: cannot save the trajectory: %s", rollout_id, exc)
+    elif rollout_logger.isEnabledFor(logging.DEBUG):
+        # DEBUG, not INFO: a line per rollout on the hot path (the server's own "finished"
+        # line already says the rollout is done).
+        rollout_logger.debug("Rollout %s: trajectory saved in %s", rollout_id, rollout_dir)
