@@ -778,6 +778,24 @@ class TestDeadlines:
         result = (await backend.execute(make_request(grader_timeout_sec=-1))).reported()
         assert_failure(result, "grader exceeded its -1.0s deadline", RolloutErrorCategory.TIMEOUT)
 
+    async def test_no_deadline_makes_no_timeout_object(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A rollout without deadlines runs its workflow and grader without an
+        asyncio.timeout (each would be held by every rollout in flight)."""
+        made: list[float | None] = []
+        real_timeout = asyncio.timeout
+
+        def counting(delay: float | None) -> asyncio.Timeout:
+            made.append(delay)
+            return real_timeout(delay)
+
+        monkeypatch.setattr(asyncio, "timeout", counting)
+        backend = backend_for(tmp_path, AnswerWorkflow, grader=HalfGrader)
+        outcome = await backend.execute(make_request())
+        assert outcome.reported().status == RolloutStatus.SUCCESS
+        assert made == []
+
     async def test_grader_budget_is_separate(self, tmp_path: Path) -> None:
         """The grader's deadline does not shrink by the workflow's or the queue's time."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import pickle
 import textwrap
 from pathlib import Path
@@ -18,6 +19,9 @@ from rollout_server import (
     AgentWorkflowConfig,
     AgentWorkflowOutput,
     ConcurrencyConfig,
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
     Grader,
     GraderConfig,
     GraderContext,
@@ -32,7 +36,14 @@ from rollout_server import (
 from rollout_server._context import bind_rollout_context
 from rollout_server._imports import resolve_import_string
 from rollout_server._limiter import ConcurrencyLimiter
-from rollout_server._trajectory import default_artifact_root, write_json_atomic
+from rollout_server._trajectory import (
+    RolloutFacts,
+    RolloutFiles,
+    build_diagnostics,
+    build_trajectory,
+    default_artifact_root,
+    write_json_atomic,
+)
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
 WAIT_SEC = 5.0
@@ -426,6 +437,42 @@ class TestImportStrings:
         with pytest.raises(ImportError, match="'lb_user_module:Holder' has no attribute 'X'"):
             LocalBackend(workflow=f"{module}:Holder.X")
 
+    def test_a_module_that_fails_to_import(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An exception raised by the module's own code while it is imported is an
+        ImportError that names the module and the error, chaining it."""
+        (tmp_path / "lb_broken_module.py").write_text("raise RuntimeError('boom')\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        with pytest.raises(
+            ImportError,
+            match=r"importing module 'lb_broken_module' named by workflow "
+            r"'lb_broken_module:Flow' failed: RuntimeError: boom",
+        ) as info:
+            LocalBackend(workflow="lb_broken_module:Flow")
+        assert isinstance(info.value.__cause__, RuntimeError)
+
+    def test_a_missing_dependency_is_not_a_missing_module(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A module that exists but imports a missing one is reported as a failed import
+        naming the missing dependency, not as a missing module."""
+        (tmp_path / "lb_needy_module.py").write_text("import no_such_dependency_xyz\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        with pytest.raises(ImportError) as info:
+            resolve_import_string("lb_needy_module:Flow", what="workflow")
+        message = str(info.value)
+        assert message.startswith("importing module 'lb_needy_module' named by workflow")
+        assert "No module named 'no_such_dependency_xyz'" in message
+        assert isinstance(info.value.__cause__, ModuleNotFoundError)
+
+    def test_missing_module_hint(self) -> None:
+        """The caller's hint says where a missing module was looked for and how to fix it."""
+        with pytest.raises(ImportError, match=r"no_such_module_xyz.*: look elsewhere$"):
+            resolve_import_string(
+                "no_such_module_xyz:X", what="target", missing_module_hint="look elsewhere"
+            )
+
     def test_wrong_kind(self, module: str) -> None:
         """An import string naming something that is not a workflow class is a TypeError."""
         with pytest.raises(TypeError, match="subclass of AgentWorkflow"):
@@ -444,6 +491,15 @@ class TestLocalBackendConstruction:
         """The abstract base itself is refused."""
         with pytest.raises(TypeError, match="abstract"):
             LocalBackend(workflow=AgentWorkflow, artifact_root=tmp_path)
+
+    def test_abstract_class_names_what_to_implement(self, tmp_path: Path) -> None:
+        """A grader class that does not implement grade() is refused, naming grade()."""
+
+        class Unfinished(Grader):
+            pass
+
+        with pytest.raises(TypeError, match=r"Unfinished is abstract: implement grade\(\)$"):
+            LocalBackend(EchoWorkflow, grader=Unfinished, artifact_root=tmp_path)
 
     def test_grader_must_be_a_grader(self, tmp_path: Path) -> None:
         """A grader that is not a Grader subclass is refused."""
@@ -573,3 +629,86 @@ class TestCopies:
         (shallow,) = snapshot_messages([lock_message])
         assert shallow is not lock_message
         assert shallow["lock"] is lock_message["lock"]
+
+
+def _facts(outcome: ExecutionOutcome, rollout_id: str = "r1", **kwargs: Any) -> RolloutFacts:
+    request = ExecutionRequest(
+        id=rollout_id, prompt=[{"role": "user", "content": "hi"}], chat_completions_url="x"
+    )
+    timings = {"queued_sec": 0.0, "workflow_sec": 0.1, "grader_sec": None, "total_sec": 0.1}
+    return RolloutFacts(request=request, outcome=outcome, timings=timings, **kwargs)
+
+
+class TestTrajectoryDocuments:
+    def test_the_saved_sample_is_the_graders_when_it_has_one(self) -> None:
+        """The document holds the grader's sample when the grader has one, else the
+        workflow's, and the reported status unless the facts say otherwise."""
+        mine = Sample(messages=[{"role": "assistant", "content": "w"}], reward=None)
+        graded = Sample(messages=[{"role": "assistant", "content": "g"}], reward=1.0)
+        success = ExecutionResult(status=RolloutStatus.SUCCESS, sample=mine)
+        both = ExecutionOutcome(
+            workflow=success, grader=ExecutionResult(status=RolloutStatus.SUCCESS, sample=graded)
+        )
+        document = build_trajectory(_facts(both))
+        assert document["messages"] == graded.messages
+        assert document["reward"] == 1.0
+        assert document["phases"]["grader"]["status"] == "success"
+        bare = ExecutionOutcome(
+            workflow=success, grader=ExecutionResult(status=RolloutStatus.FAILURE)
+        )
+        document = build_trajectory(_facts(bare))
+        assert document["messages"] == mine.messages
+        assert document["status"] == "failure"
+        cancelled = ExecutionResult(status=RolloutStatus.CANCELLED, err_message="cancelled")
+        document = build_trajectory(_facts(bare, reported=cancelled))
+        assert (document["status"], document["err_message"]) == ("cancelled", "cancelled")
+
+    def test_diagnostics_merge_the_phases_or_are_none(self) -> None:
+        """Diagnostics merge both phases' extra fields; without any there is no document."""
+        workflow = ExecutionResult(
+            status=RolloutStatus.SUCCESS, sample=Sample(), extra_fields={"workflow_error": 1}
+        )
+        grader = ExecutionResult(status=RolloutStatus.FAILURE, extra_fields={"grader_error": 2})
+        merged = build_diagnostics(_facts(ExecutionOutcome(workflow=workflow, grader=grader)))
+        assert merged == {"workflow_error": 1, "grader_error": 2}
+        plain = ExecutionResult(status=RolloutStatus.SUCCESS)
+        assert build_diagnostics(_facts(ExecutionOutcome(workflow=plain))) is None
+
+
+class TestRolloutFiles:
+    async def test_prepare_then_save(self, tmp_path: Path) -> None:
+        """prepare() makes the rollout directory (not artifacts/) and save() writes the
+        trajectory there before it returns."""
+        files = RolloutFiles(tmp_path)
+        artifacts = await files.prepare("r1")
+        assert artifacts == str(tmp_path / "r1" / "artifacts")
+        assert sorted(p.name for p in (tmp_path / "r1").iterdir()) == []
+        outcome = ExecutionOutcome(workflow=ExecutionResult(status=RolloutStatus.SUCCESS))
+        await files.save(_facts(outcome))
+        document = json.loads((tmp_path / "r1" / "trajectory.json").read_text())
+        assert (document["rollout_id"], document["status"]) == ("r1", "success")
+
+    async def test_an_unsafe_id_keeps_no_files(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """An id that is not one path segment gets no directory and no write, with a
+        WARNING from prepare()."""
+        files = RolloutFiles(tmp_path)
+        assert files.rollout_dir("../up") is None
+        with caplog.at_level(logging.WARNING, logger="rollout_server"):
+            assert await files.prepare("../up") is None
+        assert "not a single path segment" in caplog.text
+        outcome = ExecutionOutcome(workflow=ExecutionResult(status=RolloutStatus.SUCCESS))
+        assert files.save_soon(_facts(outcome, "../up")) is None
+        assert sorted(p.name for p in (tmp_path / ".").iterdir()) == []
+
+    async def test_writes_in_the_background_are_waited_for(self, tmp_path: Path) -> None:
+        """wait_for_writes() returns once a write started with save_soon() is on disk."""
+        files = RolloutFiles(tmp_path)
+        outcome = ExecutionOutcome(workflow=ExecutionResult(status=RolloutStatus.SUCCESS))
+        write = files.save_soon(_facts(outcome))
+        assert write is not None
+        assert not write.done()
+        await files.wait_for_writes(WAIT_SEC)
+        assert write.done()
+        assert (tmp_path / "r1" / "trajectory.json").is_file()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import time
 from collections.abc import Mapping
@@ -39,8 +38,6 @@ from ._trajectory import RolloutFacts, RolloutFiles, default_artifact_root
 from ._workflow import AgentWorkflow, AgentWorkflowConfig
 
 __all__ = ["DEFAULT_MAX_CONCURRENT", "LocalBackend"]
-
-logger: Final = logging.getLogger("rollout_server.local_backend")
 
 DEFAULT_MAX_CONCURRENT: Final = 4
 """Slot count of a LocalBackend built without a workflow config."""

@@ -6,8 +6,8 @@ The module has two halves with one seam between them. *What the document says*:
 documents. *Where and how they are written*: the layout and artifact root below,
 :func:`encode_document` and :func:`write_json_atomic` (any document), and
 :class:`RolloutFiles`, which makes each rollout's directory and writes its documents
-through a :class:`~rollout_server._offload.BatchOffloader`, off the loop's callers. A new
-document format changes the first half only.
+through a :class:`~rollout_server._offload.BatchOffloader`. A new document format (or a
+new document) changes the first half only.
 
 Layout, per rollout, under the artifact root::
 
@@ -375,12 +375,11 @@ def _write_files(rollout_dir: str, facts: RolloutFacts) -> None:
 
 
 class RolloutFiles:
-    """The files of one backend's rollouts: each one's directory, and its documents
-    written off the event loop's callers.
+    """The files of one backend's rollouts: each one's directory and documents.
 
-    File jobs run through a :class:`~rollout_server._offload.BatchOffloader` (on the loop at
-    the end of its turn while the file system is fast; in a worker thread, each wait bounded
-    by :data:`FILE_JOB_TIMEOUT_SEC`, once it is slow).
+    The blocking file work runs through a :class:`~rollout_server._offload.BatchOffloader`:
+    at the end of the event loop's turn while the file system is fast, in a worker thread
+    (each wait bounded by :data:`FILE_JOB_TIMEOUT_SEC`) once it is slow.
 
     Args:
         root: The absolute artifact root.
