@@ -368,8 +368,9 @@ def make_directory(path: str | os.PathLike[str]) -> None:
 def _write_files(rollout_dir: str, facts: RolloutFacts) -> None:
     """The file job of one rollout: build its documents and write them (blocking).
 
-    Building walks the whole sample (JSON fitting), so it runs here, off the loop's callers
-    too; nothing changes the sample meanwhile (the backend has finished with it).
+    Building walks the whole sample (JSON fitting), so it is part of the job (in a worker
+    thread when jobs run there); nothing changes the sample meanwhile (the backend has
+    finished with it).
     """
     write_rollout_files(Path(rollout_dir), build_trajectory(facts), build_diagnostics(facts))
 
