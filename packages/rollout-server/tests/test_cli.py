@@ -234,6 +234,31 @@ class TestTargets:
         with pytest.raises(ServeTargetError, match="has no attribute 'nope'"):
             load_target("cli_targets:nope", app_dir=str(app_dir))
 
+    def test_a_missing_module_points_at_app_dir(self, app_dir: Path) -> None:
+        """The error for a missing module says where it was looked for and to pass
+        --app-dir."""
+        with pytest.raises(
+            ServeTargetError,
+            match=r"it is not in --app-dir \(.+\) or on sys\.path; check the spelling, or "
+            r"pass --app-dir$",
+        ):
+            load_target("no_such_mod:x", app_dir=str(app_dir))
+
+    def test_a_module_failing_at_import(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A module whose own code raises while imported is a ServeTargetError naming the
+        error and chained to it (so the command shows its traceback)."""
+        (tmp_path / "cli_broken_target.py").write_text("raise RuntimeError('boom')\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        with pytest.raises(
+            ServeTargetError,
+            match=r"importing module 'cli_broken_target' named by target "
+            r"'cli_broken_target:x' failed: RuntimeError: boom",
+        ) as info:
+            load_target("cli_broken_target:x", app_dir=str(tmp_path))
+        assert isinstance(info.value.__cause__, RuntimeError)
+
     @pytest.mark.parametrize("attr", ["backend", "app", "factory", "async_factory"])
     async def test_accepted_kinds_become_rollout_apps(self, app_dir: Path, attr: str) -> None:
         """An app, a backend, and sync or async factories of either all serve."""
