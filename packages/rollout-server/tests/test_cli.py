@@ -24,6 +24,7 @@ import rollout_server
 from rollout_server import ROLLOUT_SERVER_KEY, ServerConfigError, ServeTargetError
 from rollout_server._cli import (
     GC_YOUNG_THRESHOLD,
+    LISTEN_BACKLOG,
     build_app,
     build_parser,
     load_target,
@@ -233,6 +234,31 @@ class TestTargets:
         with pytest.raises(ServeTargetError, match="has no attribute 'nope'"):
             load_target("cli_targets:nope", app_dir=str(app_dir))
 
+    def test_a_missing_module_points_at_app_dir(self, app_dir: Path) -> None:
+        """The error for a missing module says where it was looked for and to pass
+        --app-dir."""
+        with pytest.raises(
+            ServeTargetError,
+            match=r"it is not in --app-dir \(.+\) or on sys\.path; check the spelling, or "
+            r"pass --app-dir$",
+        ):
+            load_target("no_such_mod:x", app_dir=str(app_dir))
+
+    def test_a_module_failing_at_import(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A module whose own code raises while imported is a ServeTargetError naming the
+        error and chained to it (so the command shows its traceback)."""
+        (tmp_path / "cli_broken_target.py").write_text("raise RuntimeError('boom')\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        with pytest.raises(
+            ServeTargetError,
+            match=r"importing module 'cli_broken_target' named by target "
+            r"'cli_broken_target:x' failed: RuntimeError: boom",
+        ) as info:
+            load_target("cli_broken_target:x", app_dir=str(tmp_path))
+        assert isinstance(info.value.__cause__, RuntimeError)
+
     @pytest.mark.parametrize("attr", ["backend", "app", "factory", "async_factory"])
     async def test_accepted_kinds_become_rollout_apps(self, app_dir: Path, attr: str) -> None:
         """An app, a backend, and sync or async factories of either all serve."""
@@ -317,6 +343,34 @@ class TestServe:
             await task
         assert not port_file.exists()
         assert not app[ROLLOUT_SERVER_KEY].accepting_rollouts
+
+    async def test_the_listening_socket_has_a_deep_accept_queue(
+        self, app_dir: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """serve() listens with a backlog of LISTEN_BACKLOG (4096), not aiohttp's 128, which
+        drops connections when thousands of callers open long polls at once."""
+        loop = asyncio.get_running_loop()
+        backlogs: list[object] = []
+        listening = asyncio.Event()
+        create_server = loop.create_server
+
+        async def recording_create_server(*args: Any, **kwargs: Any) -> asyncio.Server:
+            backlogs.append(kwargs.get("backlog"))
+            server = await create_server(*args, **kwargs)
+            listening.set()
+            return server
+
+        monkeypatch.setattr(loop, "create_server", recording_create_server)
+        target = load_target("cli_targets:factory", app_dir=str(app_dir))
+        app = await build_app(target, parse("cli_targets:factory", "--drain-timeout-sec", "0"))
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(app, host="127.0.0.1", port=0, stop=stop))
+        async with asyncio.timeout(EVENT_SEC):
+            await listening.wait()
+        stop.set()
+        async with asyncio.timeout(EVENT_SEC):
+            await task
+        assert backlogs == [LISTEN_BACKLOG] == [4096]
 
 
 @contextlib.contextmanager

@@ -254,6 +254,33 @@ class TestDeadlineQueue:
         assert queue.bring_forward(loop, moved, now) is moved  # fired: left as it is
         assert len(queue) == 0
 
+    async def test_many_deadlines_arm_one_loop_timer_for_the_earliest(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A hundred pending deadlines, added in shuffled order (the earliest last), keep
+        exactly one loop timer armed, due at the earliest of them; clear() cancels it."""
+        loop = asyncio.get_running_loop()
+        armed: list[asyncio.TimerHandle] = []
+        call_at = loop.call_at
+
+        def recording_call_at(when: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
+            handle = call_at(when, callback)
+            armed.append(handle)
+            return handle
+
+        monkeypatch.setattr(loop, "call_at", recording_call_at)
+        queue = DeadlineQueue()
+        base = loop.time() + 3600.0
+        offsets = [(step * 37) % 100 for step in range(1, 101)]  # 0 to 99 s, 0 last
+        for offset in offsets:
+            queue.add(loop, base + offset, print, offset)
+        live = [handle for handle in armed if not handle.cancelled()]
+        assert len(queue) == 100
+        assert len(live) == 1
+        assert live[0].when() == pytest.approx(base, abs=0.01)  # uvloop keeps milliseconds
+        queue.clear()
+        assert all(handle.cancelled() for handle in armed)
+
     async def test_cancelled_entries_are_compacted(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Once cancelled entries outnumber live ones (past the minimum), the heap drops
         them and the live deadlines still fire."""

@@ -1,6 +1,7 @@
 """What keeps a waiting rollout small: the self-guarded long poll, the dropped keep-alive
-timer, frame-free waits, an execution task that runs ``backend.execute()`` itself, and
-responses that let go of their bodies once sent."""
+timer, frame-free waits, an execution task that runs ``backend.execute()`` itself,
+responses that let go of their bodies once sent, and per-rollout objects without an
+instance dict."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import logging
 import math
 import re
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -17,6 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from rollout_server._aiohttp_private import pause_keepalive_timer
+from rollout_server._lazydir import LazyDirectory
 from rollout_server._middleware import make_protocol_middleware, self_guarded
 from rollout_server._record import RolloutRecord
 from rollout_server._registry import RolloutRegistry
@@ -353,3 +356,19 @@ class TestExecutionTask:
         assert (published["status"], published["err_category"]) == ("failure", "internal_error")
         assert "Publishing the outcome of rollout r1 failed" in caplog.messages
         registry.close()
+
+
+class TestPerRolloutObjects:
+    def test_a_record_has_slots_only(self) -> None:
+        """A rollout's record has no instance dict (one is kept per rollout in flight or
+        retained)."""
+        record = RolloutRecord("r1", b"digest", lease_deadline=0.0)
+        assert not hasattr(record, "__dict__")
+
+    def test_a_lazy_directory_keeps_a_string(self, tmp_path: Path) -> None:
+        """A LazyDirectory made from a Path keeps its path as a string (a Path object costs
+        about 250 bytes per rollout in flight) and has no instance dict."""
+        directory = LazyDirectory(tmp_path / "r1" / "artifacts")
+        assert type(directory._path) is str
+        assert not hasattr(directory, "__dict__")
+        assert directory.path == tmp_path / "r1" / "artifacts"

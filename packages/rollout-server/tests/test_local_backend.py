@@ -32,7 +32,7 @@ from rollout_server import (
     current_rollout_context,
     get_rollout_context,
 )
-from rollout_server import _local_backend as local_backend_module
+from rollout_server import _trajectory as trajectory_module
 from rollout_server._context import bind_rollout_context
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
@@ -587,7 +587,7 @@ class TestContexts:
     ) -> None:
         """When the artifacts directory cannot be made (after 3 tries), the workflow gets
         None and still runs."""
-        monkeypatch.setattr(local_backend_module, "ARTIFACTS_DIR_RETRY_DELAYS_SEC", (0.0, 0.0))
+        monkeypatch.setattr(trajectory_module, "ARTIFACTS_DIR_RETRY_DELAYS_SEC", (0.0, 0.0))
         root = tmp_path / "file"
         root.write_text("not a directory")
 
@@ -794,6 +794,24 @@ class TestDeadlines:
         backend = backend_for(tmp_path, AnswerWorkflow, grader=HalfGrader)
         result = (await backend.execute(make_request(grader_timeout_sec=-1))).reported()
         assert_failure(result, "grader exceeded its -1.0s deadline", RolloutErrorCategory.TIMEOUT)
+
+    async def test_no_deadline_makes_no_timeout_object(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A rollout without deadlines runs its workflow and grader without an
+        asyncio.timeout (each would be held by every rollout in flight)."""
+        made: list[float | None] = []
+        real_timeout = asyncio.timeout
+
+        def counting(delay: float | None) -> asyncio.Timeout:
+            made.append(delay)
+            return real_timeout(delay)
+
+        monkeypatch.setattr(asyncio, "timeout", counting)
+        backend = backend_for(tmp_path, AnswerWorkflow, grader=HalfGrader)
+        outcome = await backend.execute(make_request())
+        assert outcome.reported().status == RolloutStatus.SUCCESS
+        assert made == []
 
     async def test_grader_budget_is_separate(self, tmp_path: Path) -> None:
         """The grader's deadline does not shrink by the workflow's or the queue's time."""
@@ -1131,7 +1149,7 @@ class TestTrajectory:
         def broken(*_args: Any) -> None:
             raise OSError("disk full")
 
-        monkeypatch.setattr(local_backend_module, "write_rollout_files", broken)
+        monkeypatch.setattr(trajectory_module, "write_rollout_files", broken)
         backend = backend_for(tmp_path, AnswerWorkflow, grader=HalfGrader)
         with caplog.at_level(logging.WARNING, logger="rollout_server"):
             outcome = await backend.execute(make_request())
@@ -1144,19 +1162,19 @@ class TestTrajectory:
     ) -> None:
         """When file jobs run in a worker thread and the trajectory write hangs, the
         outcome is returned once FILE_JOB_TIMEOUT_SEC has passed, with a WARNING."""
-        monkeypatch.setattr(local_backend_module, "FILE_JOB_TIMEOUT_SEC", 0.05)
+        monkeypatch.setattr(trajectory_module, "FILE_JOB_TIMEOUT_SEC", 0.05)
         # Every job counts as stalled: file jobs run in a worker thread from the first on.
         monkeypatch.setattr(
-            local_backend_module,
+            trajectory_module,
             "BatchOffloader",
-            functools.partial(local_backend_module.BatchOffloader, stall_sec=0.0),
+            functools.partial(trajectory_module.BatchOffloader, stall_sec=0.0),
         )
         release = threading.Event()
 
         def hung(*_args: Any) -> None:
             release.wait(timeout=30)
 
-        monkeypatch.setattr(local_backend_module, "write_rollout_files", hung)
+        monkeypatch.setattr(trajectory_module, "write_rollout_files", hung)
         backend = backend_for(tmp_path, AnswerWorkflow, grader=HalfGrader)
         try:
             with caplog.at_level(logging.WARNING, logger="rollout_server"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import pickle
 import textwrap
 from pathlib import Path
@@ -18,6 +19,9 @@ from rollout_server import (
     AgentWorkflowConfig,
     AgentWorkflowOutput,
     ConcurrencyConfig,
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
     Grader,
     GraderConfig,
     GraderContext,
@@ -32,7 +36,14 @@ from rollout_server import (
 from rollout_server._context import bind_rollout_context
 from rollout_server._imports import resolve_import_string
 from rollout_server._limiter import ConcurrencyLimiter
-from rollout_server._trajectory import default_artifact_root, write_json_atomic
+from rollout_server._trajectory import (
+    RolloutFacts,
+    RolloutFiles,
+    default_artifact_root,
+    diagnostics_document,
+    trajectory_document,
+    write_json_atomic,
+)
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
 WAIT_SEC = 5.0
@@ -426,6 +437,42 @@ class TestImportStrings:
         with pytest.raises(ImportError, match="'lb_user_module:Holder' has no attribute 'X'"):
             LocalBackend(workflow=f"{module}:Holder.X")
 
+    def test_a_module_that_fails_to_import(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An exception raised by the module's own code while it is imported is an
+        ImportError that names the module and the error, chaining it."""
+        (tmp_path / "lb_broken_module.py").write_text("raise RuntimeError('boom')\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        with pytest.raises(
+            ImportError,
+            match=r"importing module 'lb_broken_module' named by workflow "
+            r"'lb_broken_module:Flow' failed: RuntimeError: boom",
+        ) as info:
+            LocalBackend(workflow="lb_broken_module:Flow")
+        assert isinstance(info.value.__cause__, RuntimeError)
+
+    def test_a_missing_dependency_is_not_a_missing_module(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A module that exists but imports a missing one is reported as a failed import
+        naming the missing dependency, not as a missing module."""
+        (tmp_path / "lb_needy_module.py").write_text("import no_such_dependency_xyz\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        with pytest.raises(ImportError) as info:
+            resolve_import_string("lb_needy_module:Flow", what="workflow")
+        message = str(info.value)
+        assert message.startswith("importing module 'lb_needy_module' named by workflow")
+        assert "No module named 'no_such_dependency_xyz'" in message
+        assert isinstance(info.value.__cause__, ModuleNotFoundError)
+
+    def test_missing_module_hint(self) -> None:
+        """The caller's hint says where a missing module was looked for and how to fix it."""
+        with pytest.raises(ImportError, match=r"no_such_module_xyz.*: look elsewhere$"):
+            resolve_import_string(
+                "no_such_module_xyz:X", what="target", missing_module_hint="look elsewhere"
+            )
+
     def test_wrong_kind(self, module: str) -> None:
         """An import string naming something that is not a workflow class is a TypeError."""
         with pytest.raises(TypeError, match="subclass of AgentWorkflow"):
@@ -444,6 +491,15 @@ class TestLocalBackendConstruction:
         """The abstract base itself is refused."""
         with pytest.raises(TypeError, match="abstract"):
             LocalBackend(workflow=AgentWorkflow, artifact_root=tmp_path)
+
+    def test_abstract_class_names_what_to_implement(self, tmp_path: Path) -> None:
+        """A grader class that does not implement grade() is refused, naming grade()."""
+
+        class Unfinished(Grader):
+            pass
+
+        with pytest.raises(TypeError, match=r"Unfinished is abstract: implement grade\(\)$"):
+            LocalBackend(EchoWorkflow, grader=Unfinished, artifact_root=tmp_path)
 
     def test_grader_must_be_a_grader(self, tmp_path: Path) -> None:
         """A grader that is not a Grader subclass is refused."""
@@ -549,14 +605,14 @@ class TestCopies:
     def test_json_values_are_copied_deeply(self) -> None:
         """Nested dicts and lists are new objects with equal content; scalars are kept;
         other objects inside are deep-copied."""
-        from rollout_server._local_backend import _copy_json
+        from rollout_server._copying import copy_json
 
         class Box:
             def __init__(self) -> None:
                 self.items = [1]
 
         value = {"a": [{"b": "c", "n": 1.5}], "box": Box(), "t": (1, [2])}
-        copied = _copy_json(value)
+        copied = copy_json(value)
         assert copied["a"] == value["a"]
         assert copied["a"] is not value["a"]
         assert copied["a"][0] is not value["a"][0]
@@ -570,14 +626,117 @@ class TestCopies:
         something that cannot be copied gets a shallow snapshot."""
         import threading
 
-        from rollout_server._local_backend import _snapshot
+        from rollout_server._copying import snapshot_messages
 
         cyclic: dict[str, Any] = {"role": "user"}
         cyclic["self"] = cyclic
-        (copied,) = _snapshot([cyclic])
+        (copied,) = snapshot_messages([cyclic])
         assert copied is not cyclic
         assert copied["self"] is copied
         lock_message = {"role": "tool", "lock": threading.Lock()}
-        (shallow,) = _snapshot([lock_message])
+        (shallow,) = snapshot_messages([lock_message])
         assert shallow is not lock_message
         assert shallow["lock"] is lock_message["lock"]
+
+
+def _facts(outcome: ExecutionOutcome, rollout_id: str = "r1", **kwargs: Any) -> RolloutFacts:
+    request = ExecutionRequest(
+        id=rollout_id, prompt=[{"role": "user", "content": "hi"}], chat_completions_url="x"
+    )
+    timings = {"queued_sec": 0.0, "workflow_sec": 0.1, "grader_sec": None, "total_sec": 0.1}
+    return RolloutFacts(request=request, outcome=outcome, timings=timings, **kwargs)
+
+
+def _said(text: str) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "content": text}]
+
+
+class TestTrajectoryDocuments:
+    def test_the_saved_sample_is_the_graders_when_it_has_one(self) -> None:
+        """The ATIF document holds the grader's sample when the grader has one, else the
+        workflow's, and the reported status unless the facts say otherwise."""
+        mine = Sample(messages=_said("w"), trajectory_messages=_said("w"), reward=None)
+        graded = Sample(messages=_said("g"), trajectory_messages=_said("g"), reward=1.0)
+        success = ExecutionResult(status=RolloutStatus.SUCCESS, sample=mine)
+        both = ExecutionOutcome(
+            workflow=success, grader=ExecutionResult(status=RolloutStatus.SUCCESS, sample=graded)
+        )
+        document = trajectory_document(_facts(both))
+        assert document is not None
+        assert [step["message"] for step in document["steps"]] == ["g"]
+        assert document["extra"]["osmosis"]["reward"] == 1.0
+        record = document["extra"]["rollout_server"]
+        assert record["phases"]["grader"]["status"] == "success"
+        bare = ExecutionOutcome(
+            workflow=success, grader=ExecutionResult(status=RolloutStatus.FAILURE)
+        )
+        document = trajectory_document(_facts(bare))
+        assert document is not None
+        assert [step["message"] for step in document["steps"]] == ["w"]
+        assert document["extra"]["rollout_server"]["status"] == "failure"
+        cancelled = ExecutionResult(status=RolloutStatus.CANCELLED, err_message="cancelled")
+        document = trajectory_document(_facts(bare, reported=cancelled))
+        assert document is not None
+        record = document["extra"]["rollout_server"]
+        assert (record["status"], record["err_message"]) == ("cancelled", "cancelled")
+
+    def test_no_conversation_no_document(self) -> None:
+        """Without a saved sample holding trajectory messages there is no document."""
+        plain = ExecutionResult(status=RolloutStatus.SUCCESS)
+        assert trajectory_document(_facts(ExecutionOutcome(workflow=plain))) is None
+        unsent = ExecutionResult(status=RolloutStatus.SUCCESS, sample=Sample(messages=_said("w")))
+        assert trajectory_document(_facts(ExecutionOutcome(workflow=unsent))) is None
+
+    def test_diagnostics_merge_the_phases_or_are_none(self) -> None:
+        """Diagnostics merge both phases' extra fields; without any there is no document."""
+        workflow = ExecutionResult(
+            status=RolloutStatus.SUCCESS, sample=Sample(), extra_fields={"workflow_error": 1}
+        )
+        grader = ExecutionResult(status=RolloutStatus.FAILURE, extra_fields={"grader_error": 2})
+        merged = diagnostics_document(_facts(ExecutionOutcome(workflow=workflow, grader=grader)))
+        assert merged == {"workflow_error": 1, "grader_error": 2}
+        plain = ExecutionResult(status=RolloutStatus.SUCCESS)
+        assert diagnostics_document(_facts(ExecutionOutcome(workflow=plain))) is None
+
+
+def _conversation() -> ExecutionOutcome:
+    sample = Sample(messages=_said("a"), trajectory_messages=_said("a"))
+    return ExecutionOutcome(workflow=ExecutionResult(status=RolloutStatus.SUCCESS, sample=sample))
+
+
+class TestRolloutFiles:
+    async def test_prepare_then_save(self, tmp_path: Path) -> None:
+        """prepare() makes the rollout directory (not artifacts/) and save() writes the
+        trajectory there before it returns."""
+        files = RolloutFiles(tmp_path)
+        artifacts = await files.prepare("r1")
+        assert artifacts == str(tmp_path / "r1" / "artifacts")
+        assert sorted(p.name for p in (tmp_path / "r1").iterdir()) == []
+        await files.save(_facts(_conversation()))
+        document = json.loads((tmp_path / "r1" / "trajectory.json").read_text())
+        assert document["session_id"] == "r1"
+        assert document["extra"]["rollout_server"]["status"] == "success"
+
+    async def test_an_unsafe_id_keeps_no_files(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """An id that is not one path segment gets no directory and no write, with a
+        WARNING from prepare()."""
+        files = RolloutFiles(tmp_path)
+        assert files.rollout_dir("../up") is None
+        with caplog.at_level(logging.WARNING, logger="rollout_server"):
+            assert await files.prepare("../up") is None
+        assert "not a single path segment" in caplog.text
+        outcome = ExecutionOutcome(workflow=ExecutionResult(status=RolloutStatus.SUCCESS))
+        assert files.save_soon(_facts(outcome, "../up")) is None
+        assert sorted(p.name for p in (tmp_path / ".").iterdir()) == []
+
+    async def test_writes_in_the_background_are_waited_for(self, tmp_path: Path) -> None:
+        """wait_for_writes() returns once a write started with save_soon() is on disk."""
+        files = RolloutFiles(tmp_path)
+        write = files.save_soon(_facts(_conversation()))
+        assert write is not None
+        assert not write.done()
+        await files.wait_for_writes(WAIT_SEC)
+        assert write.done()
+        assert (tmp_path / "r1" / "trajectory.json").is_file()

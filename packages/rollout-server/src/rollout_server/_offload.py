@@ -22,6 +22,11 @@ slow; on a busy machine that happens to single jobs all the time. Hence a majori
 recent jobs, not a mean that one preemption of tens of milliseconds would tip over (with
 a moving mean, a third of the benchmark's runs moved to threads for no reason, costing
 a fifth of the server's CPU).
+
+A plain alternative, one writer thread fed by a queue (jobs always off the loop), was
+measured against this (``benchmarks/README.md``, "File jobs: on the loop or one writer
+thread"): it delivered results later (notification p99) and cost more CPU per rollout at
+low concurrency, so the batching stays.
 """
 
 from __future__ import annotations

@@ -36,18 +36,13 @@ from typing import Any, ClassVar, Final
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
 from . import _tracing
+from ._admission import SlotAdmission
 from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult
 from ._context import current_rollout_context
 from ._grader import Grader, GraderConfig
-from ._local_backend import (
-    DEFAULT_ROLLOUT_DURATION_SEC,
-    DURATION_EMA_WEIGHT,
-    LocalBackend,
-    _deadline_message,
-    _entered,
-    _timeout,
-)
+from ._local_backend import LocalBackend
 from ._logtext import get_logger
+from ._phases import Phase, RolloutRun, entered_at, timed_out
 from ._ray_pool import RolloutLostError, ServerDeadlineError, WorkerPool
 from ._ray_worker import CANCELLED, RolloutWorker, WorkerSpec, decode_outcome
 from ._workflow import AgentWorkflow, AgentWorkflowConfig
@@ -93,6 +88,15 @@ def _positive_seconds(name: str, value: object) -> float:
     ):
         raise ValueError(f"{name} must be a finite number of seconds > 0; got {value!r}")
     return float(value)
+
+
+def _failed(exc: Exception, category: RolloutErrorCategory) -> ExecutionOutcome:
+    """The outcome of a rollout the server ended itself (``exc`` says why)."""
+    return ExecutionOutcome(
+        workflow=ExecutionResult(
+            status=RolloutStatus.FAILURE, err_message=str(exc), err_category=category
+        )
+    )
 
 
 class RayBackend(ExecutionBackend):
@@ -179,7 +183,7 @@ class RayBackend(ExecutionBackend):
             raise ValueError(f"num_workers must be an int >= 1; got {num_workers!r}")
         self._num_workers = num_workers
         self._slots = template.max_concurrent
-        self._max_queued = max_queued
+        self._admission = SlotAdmission(max_queued)
         options = dict(worker_options or {})
         reserved = sorted(RESERVED_OPTIONS.intersection(options))
         if reserved:
@@ -211,8 +215,6 @@ class RayBackend(ExecutionBackend):
         self._starting: asyncio.Future[WorkerPool] | None = None
         self._owns_ray = False
         self._cluster_address: str | None = None
-        self._reserved = 0
-        self._mean_duration_sec: float | None = None
 
     # -- properties -------------------------------------------------------------------
 
@@ -229,7 +231,7 @@ class RayBackend(ExecutionBackend):
     @property
     def max_queued(self) -> int | None:
         """The bound on waiting rollouts, or None."""
-        return self._max_queued
+        return self._admission.max_queued
 
     @property
     def cluster_address(self) -> str | None:
@@ -321,32 +323,25 @@ class RayBackend(ExecutionBackend):
 
     # -- admission --------------------------------------------------------------------
 
-    def _outstanding(self) -> int:
+    def _holding(self) -> tuple[int, int | None]:
+        """Rollouts running or queued in the pool, and the slots of its live workers."""
         pool = self._pool
-        busy = 0 if pool is None else pool.running + pool.queued
-        return busy + self._reserved
+        if pool is None:
+            return 0, 0 if self._slots is not None else None
+        return pool.running + pool.queued, pool.capacity()
 
     def has_capacity(self) -> bool:
         """False only when ``max_queued`` rollouts wait beyond the slots of the live
         workers, counting admitted rollouts that have not started yet."""
-        if self._max_queued is None:
-            return True
-        pool = self._pool
-        capacity = 0 if pool is None else pool.capacity()
-        assert capacity is not None  # max_queued needs a slot limit
-        return self._outstanding() < capacity + self._max_queued
+        return self._admission.has_capacity(*self._holding())
 
     def try_reserve(self) -> bool:
         """Count one admitted rollout until it starts, if :meth:`has_capacity` allows it."""
-        if not self.has_capacity():
-            return False
-        self._reserved += 1
-        return True
+        return self._admission.try_reserve(*self._holding())
 
     def release_reservation(self) -> None:
         """The reserved rollout starts now (it takes its slot or its queue place at once)."""
-        if self._reserved > 0:
-            self._reserved -= 1
+        self._admission.release_reservation()
 
     def retry_after_sec(self) -> float:
         """How long a refused caller should wait: until the rollouts queued ahead of it
@@ -357,16 +352,9 @@ class RayBackend(ExecutionBackend):
         for the newest) of how long finished rollouts held a worker slot, 5 s until one
         has finished. 1 s without a slot limit (which never refuses).
         """
-        if self._slots is None:
-            return 1.0
         pool = self._pool
-        waiting = self._reserved + (0 if pool is None else pool.queued)
-        mean = (
-            DEFAULT_ROLLOUT_DURATION_SEC
-            if self._mean_duration_sec is None
-            else self._mean_duration_sec
-        )
-        return min(60.0, max(1.0, (waiting + 1) * mean / (self._num_workers * self._slots)))
+        slots = None if self._slots is None else self._num_workers * self._slots
+        return self._admission.retry_after_sec(0 if pool is None else pool.queued, slots)
 
     def health(self) -> dict[str, Any]:
         """``{"status", "concurrency": {...}, "ray": {...}}``.
@@ -385,7 +373,7 @@ class RayBackend(ExecutionBackend):
             "max_concurrent": None if slots is None else self._num_workers * slots,
             "queued": 0 if pool is None else pool.queued,
             "running": 0 if pool is None else pool.running,
-            "max_queued": self._max_queued,
+            "max_queued": self._admission.max_queued,
         }
         ray_fields: dict[str, Any] = {
             "address": self._cluster_address,
@@ -433,7 +421,7 @@ class RayBackend(ExecutionBackend):
             pool = self._pool
             assert pool is not None
         loop = asyncio.get_running_loop()
-        entered = _entered(request)
+        entered = entered_at(request)
         timeout = request.agent_timeout_sec
         # The agent deadline on the loop's clock (time.monotonic() for asyncio and uvloop).
         deadline = None if timeout is None else loop.time() + (entered + timeout - time.monotonic())
@@ -444,11 +432,9 @@ class RayBackend(ExecutionBackend):
                 worker = await pool.acquire(deadline)
         now = time.monotonic()
         request.observer.observe_queue_wait(now - entered)
-        if worker is None:
-            assert timeout is not None
-            message = _deadline_message("workflow", timeout, now - entered)
-            logger.debug("Rollout %s: %s", request.id, message)
-            return ExecutionOutcome(workflow=_timeout(message))
+        if worker is None:  # the agent deadline passed in the queue
+            run = RolloutRun(request=request, entered=entered, queued_sec=now - entered)
+            return ExecutionOutcome(workflow=timed_out(run, Phase.WORKFLOW))
         request.on_status(RolloutStatus.RUNNING)
         ambient = current_rollout_context()
         process_id = (
@@ -468,17 +454,11 @@ class RayBackend(ExecutionBackend):
             raise
         except ServerDeadlineError as exc:
             logger.error("Rollout %s: %s; cancelling it there", request.id, exc)
-            return ExecutionOutcome(workflow=_timeout(str(exc)))
+            return _failed(exc, RolloutErrorCategory.TIMEOUT)
         except RolloutLostError as exc:
             logger.error("Rollout %s: %s", request.id, exc)
-            return ExecutionOutcome(
-                workflow=ExecutionResult(
-                    status=RolloutStatus.FAILURE,
-                    err_message=str(exc),
-                    err_category=RolloutErrorCategory.INTERNAL_ERROR,
-                )
-            )
-        self._observe_duration(time.monotonic() - now)
+            return _failed(exc, RolloutErrorCategory.INTERNAL_ERROR)
+        self._admission.observe_duration(time.monotonic() - now)
         if reply == CANCELLED:
             # Stopped on the worker without a cancellation from here (Ray's own).
             return ExecutionOutcome(
@@ -487,9 +467,3 @@ class RayBackend(ExecutionBackend):
         outcome, times = decode_outcome(reply)
         times.replay(request.observer)
         return outcome
-
-    def _observe_duration(self, seconds: float) -> None:
-        if self._mean_duration_sec is None:
-            self._mean_duration_sec = seconds
-        else:
-            self._mean_duration_sec += DURATION_EMA_WEIGHT * (seconds - self._mean_duration_sec)

@@ -19,6 +19,10 @@ A result is published exactly once: the first of the execution's end (the regist
 publishes it when the task is done, asking ``outcome_of`` what the execution produced),
 cancellation, lease expiry or shutdown wins. Its :class:`PublicationObserver` objects (the
 server's metrics and tracing) hear of each publication and first delivery.
+
+The module is longer than 500 lines because the registry is the one writer of a record:
+admission, status, lease, cancellation, publication, delivery and retention each change
+the same record, and keeping every write in one class is what makes each rule hold once.
 """
 
 from __future__ import annotations

@@ -1,4 +1,14 @@
-"""Where a rollout's files live, and how they are written.
+"""A rollout's files: what they say, and where and how they are written.
+
+The module has two halves with one seam between them. *What the documents say*:
+:class:`RolloutFacts` (everything a finished rollout's files are built from),
+:func:`trajectory_document` (the facts fed to the ATIF builder,
+:func:`rollout_server._atif.build_trajectory`) and :func:`diagnostics_document`. *Where and
+how they are written*: the layout and artifact root below, :func:`encode_document` and
+:func:`write_json_atomic` (any document), and :class:`RolloutFiles`, which makes each
+rollout's directory and writes its documents through a
+:class:`~rollout_server._offload.BatchOffloader`. A new document format (or a new document)
+changes the first half only.
 
 Layout, per rollout, under the artifact root::
 
@@ -17,36 +27,59 @@ Files are compact JSON (UTF-8, one line). Values JSON cannot hold (NaN, objects)
 with :func:`fit_json` when a file is encoded (:func:`encode_document`), and a
 WARNING lists them.
 Files are written atomically (a temporary file in the same directory, then a rename), so a
-reader never sees half a file.
+reader never sees half a file. Each write's time (and failure) goes to the request's
+observer, and, when the server traces, the write is a ``trajectory write`` span.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import itertools
 import json
+import logging
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+import attrs
+
+from rollout_types import is_single_path_segment
+
+from . import _tracing
+from ._atif import build_trajectory
+from ._backend import ExecutionOutcome, ExecutionRequest, ExecutionResult
+from ._jsonlog import log_fields
 from ._logtext import get_logger
+from ._offload import BatchOffloader
 from ._sanitize import fit_json
 
 __all__ = [
     "ARTIFACTS_DIR_NAME",
+    "ARTIFACTS_DIR_RETRY_DELAYS_SEC",
     "ARTIFACT_ROOT_ENV",
     "DIAGNOSTICS_FILE_NAME",
+    "FILE_JOB_TIMEOUT_SEC",
     "OSMOSIS_ARTIFACT_ROOT_ENV",
     "TRAJECTORY_FILE_NAME",
+    "RolloutFacts",
+    "RolloutFiles",
     "default_artifact_root",
+    "diagnostics_document",
     "encode_document",
     "make_directory",
+    "trajectory_document",
     "write_json_atomic",
     "write_rollout_files",
 ]
 
 logger: Final = get_logger("rollout_server.trajectory")
+# What RolloutFiles logs about one rollout keeps the logger it had inside LocalBackend.
+rollout_logger: Final = get_logger("rollout_server.local_backend")
 
 ARTIFACT_ROOT_ENV: Final = "ROLLOUT_ARTIFACT_ROOT"
 """Environment variable naming the artifact root."""
@@ -57,6 +90,72 @@ OSMOSIS_ARTIFACT_ROOT_ENV: Final = "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"
 ARTIFACTS_DIR_NAME: Final = "artifacts"
 TRAJECTORY_FILE_NAME: Final = "trajectory.json"
 DIAGNOSTICS_FILE_NAME: Final = "diagnostics.json"
+
+ARTIFACTS_DIR_RETRY_DELAYS_SEC: Final = (0.5, 1.0)
+"""Pauses between the 3 attempts to create a rollout's directory (as osmosis-ai does for its
+artifacts directory)."""
+
+FILE_JOB_TIMEOUT_SEC: Final = 10.0
+"""Longest a rollout waits for one of its file jobs (its directory, its trajectory) when
+they run in a worker thread (a slow file system); the job goes on after."""
+
+
+# -- What the documents say -------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class RolloutFacts:
+    """Everything a finished rollout's files are built from.
+
+    Attributes:
+        request: The rollout's request.
+        outcome: What :meth:`~rollout_server.ExecutionBackend.execute` returned (or had
+            when it was cancelled).
+        reported: The result the caller is told; None means ``outcome.reported()``.
+        timings: ``queued_sec``, ``workflow_sec``, ``grader_sec``, ``total_sec``.
+        workflow_info: ``AgentWorkflowOutput.info``.
+    """
+
+    request: ExecutionRequest
+    outcome: ExecutionOutcome
+    reported: ExecutionResult | None = None
+    timings: Mapping[str, float | None]
+    workflow_info: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+def trajectory_document(facts: RolloutFacts) -> dict[str, Any] | None:
+    """The ``trajectory.json`` document of a rollout: its ATIF trajectory
+    (:func:`rollout_server._atif.build_trajectory`) of the saved sample, the grader's when
+    it has one, else the workflow's.
+
+    Returns:
+        The document, or None when there is no conversation to save.
+    """
+    outcome = facts.outcome
+    grader = outcome.grader
+    saved = grader if grader is not None and grader.sample is not None else outcome.workflow
+    return build_trajectory(
+        request=facts.request,
+        reported=outcome.reported() if facts.reported is None else facts.reported,
+        sample=saved.sample,
+        workflow=outcome.workflow,
+        grader=grader,
+        timings=facts.timings,
+        workflow_info=facts.workflow_info,
+    )
+
+
+def diagnostics_document(facts: RolloutFacts) -> dict[str, Any] | None:
+    """The ``diagnostics.json`` document: the phases' diagnostics (``extra_fields``, such
+    as ``workflow_error`` with its traceback) merged; None when there are none."""
+    diagnostics: dict[str, Any] = {}
+    for result in (facts.outcome.workflow, facts.outcome.grader):
+        if result is not None and result.extra_fields:
+            diagnostics.update(result.extra_fields)
+    return diagnostics or None
+
+
+# -- Where and how they are written -------------------------------------------------------
 
 
 def default_artifact_root(environ: Mapping[str, str] | None = None) -> Path:
@@ -105,7 +204,7 @@ def encode_document(document: Any, name: str, owner: str = "") -> bytes:
 
     The document is encoded as it is when it can be (the json module's C encoder: the
     common case costs no walk in Python). Otherwise it is fitted with
-    :func:`fit_json` first (NaN and infinities, values JSON has no type for,
+    :func:`rollout_types.fit_json` first (NaN and infinities, values JSON has no type for,
     lone surrogates and non-string keys are dropped or converted) and what was dropped is
     logged as a WARNING.
 
@@ -199,3 +298,144 @@ def make_directory(path: str | os.PathLike[str]) -> None:
         os.mkdir(path)
     except OSError:
         Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def _write_files(rollout_dir: str, facts: RolloutFacts) -> None:
+    """The file job of one rollout: build its documents and write them (blocking).
+
+    Building walks the whole sample (JSON fitting), so it is part of the job (in a worker
+    thread when jobs run there); nothing changes the sample meanwhile (the backend has
+    finished with it).
+    """
+    write_rollout_files(Path(rollout_dir), trajectory_document(facts), diagnostics_document(facts))
+
+
+class RolloutFiles:
+    """The files of one backend's rollouts: each one's directory and documents.
+
+    The blocking file work runs through a :class:`~rollout_server._offload.BatchOffloader`:
+    at the end of the event loop's turn while the file system is fast, in a worker thread
+    (each wait bounded by :data:`FILE_JOB_TIMEOUT_SEC`) once it is slow.
+
+    Args:
+        root: The absolute artifact root.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._jobs = BatchOffloader(thread_timeout_sec=FILE_JOB_TIMEOUT_SEC)
+        self._writes: set[asyncio.Future[None]] = set()
+
+    def rollout_dir(self, rollout_id: str) -> str | None:
+        """``<root>/<rollout_id>``, or None when the id is not a single path segment (such
+        a rollout keeps no files). A string: a Path held per rollout costs ~250 bytes."""
+        if not is_single_path_segment(rollout_id):
+            return None
+        return os.path.join(self.root, rollout_id)
+
+    async def prepare(self, rollout_id: str) -> str | None:
+        """Make the rollout's directory (3 attempts, as osmosis-ai makes its artifacts
+        directory, pausing :data:`ARTIFACTS_DIR_RETRY_DELAYS_SEC`).
+
+        Returns:
+            The path of its ``artifacts/`` directory (not made: user code makes it when it
+            first asks, see :class:`~rollout_server._lazydir.LazyDirectory`); None when the
+            id keeps no files or the directory cannot be made (a WARNING says why).
+        """
+        path = self.rollout_dir(rollout_id)
+        if path is None:
+            rollout_logger.warning(
+                "Rollout %r: the id is not a single path segment; no artifacts directory or "
+                "trajectory is kept for it",
+                rollout_id,
+            )
+            return None
+        delays = (*ARTIFACTS_DIR_RETRY_DELAYS_SEC, None)
+        for attempt, delay in enumerate(delays, start=1):
+            try:
+                await self._jobs.submit(functools.partial(make_directory, path))
+            except OSError as exc:
+                if delay is None:
+                    rollout_logger.warning(
+                        "Rollout %s: cannot create %s after %d attempts (%s); the workflow "
+                        "gets artifacts_dir=None",
+                        rollout_id,
+                        path,
+                        attempt,
+                        exc,
+                    )
+                    return None
+                await asyncio.sleep(delay)
+            else:
+                return os.path.join(path, ARTIFACTS_DIR_NAME)
+        return None  # pragma: no cover - the loop always returns
+
+    def save_soon(self, facts: RolloutFacts) -> asyncio.Future[None] | None:
+        """Start writing the rollout's ``trajectory.json`` (when it has a conversation) and
+        ``diagnostics.json`` (when it has diagnostics).
+
+        A failure is logged (WARNING), never raised to the rollout. :meth:`wait_for_writes`
+        waits for the write.
+
+        Returns:
+            The write's future (bounded: it fails with TimeoutError after
+            :data:`FILE_JOB_TIMEOUT_SEC` in a worker thread), or None when the id keeps
+            no files.
+        """
+        request = facts.request
+        rollout_dir = self.rollout_dir(request.id)
+        if rollout_dir is None:
+            return None
+        span = _tracing.start_span("trajectory write", request.id)
+        write = self._jobs.submit(functools.partial(_write_files, rollout_dir, facts))
+        write.add_done_callback(
+            functools.partial(_write_done, request, rollout_dir, time.monotonic(), span)
+        )
+        self._writes.add(write)
+        write.add_done_callback(self._writes.discard)
+        return write
+
+    async def save(self, facts: RolloutFacts) -> None:
+        """Write the rollout's files and wait for the write (see :meth:`save_soon`);
+        never raises but CancelledError, and cancelling the wait does not stop the write."""
+        write = self.save_soon(facts)
+        if write is not None:
+            with contextlib.suppress(Exception):  # _write_done reports it
+                await asyncio.shield(write)
+
+    async def wait_for_writes(self, timeout_sec: float) -> None:
+        """Wait up to ``timeout_sec`` seconds for the writes still in flight; stop waiting
+        for the rest (a write already running in a thread goes on)."""
+        pending = [write for write in self._writes if not write.done()]
+        if pending:
+            _done, still = await asyncio.wait(pending, timeout=timeout_sec)
+            for write in still:
+                write.cancel()
+
+
+def _write_done(
+    request: ExecutionRequest,
+    rollout_dir: str,
+    started: float,
+    span: Any,
+    write: asyncio.Future[None],
+) -> None:
+    """Report a finished write: timed (``request.observer``), traced, and logged when it
+    failed."""
+    exc: BaseException | None
+    exc = asyncio.CancelledError() if write.cancelled() else write.exception()
+    request.observer.observe_trajectory_write(time.monotonic() - started, failed=exc is not None)
+    _tracing.end_span(span, exc)
+    if write.cancelled():
+        return
+    if exc is not None:
+        rollout_logger.warning(
+            "Rollout %s: cannot save the trajectory: %s",
+            request.id,
+            exc,
+            extra=log_fields(request.id),
+        )
+    elif rollout_logger.isEnabledFor(logging.DEBUG):
+        # DEBUG, not INFO: a line per rollout on the hot path (the server's own "finished"
+        # line already says the rollout is done).
+        rollout_logger.debug("Rollout %s: trajectory saved in %s", request.id, rollout_dir)
