@@ -60,8 +60,12 @@ RUN_BOUND_SEC: Final = 300.0
 """Bound on one run's load."""
 CPU_MS: Final = 20
 """Pure-Python CPU time of one rollout of the scaling workload, in milliseconds."""
-PROBE_SETTLE_SEC: Final = 0.1
-"""Pause between admitting a notify probe and cancelling it (its long poll is then waiting)."""
+PROBE_SETTLE_SEC: Final = 0.02
+"""Pause between admitting a notify probe and cancelling it: its long poll is then waiting
+(a round trip on 127.0.0.1 takes about a millisecond), and the rollouts of the loop ahead
+of it (each at least 20 ms of CPU) still hold every slot."""
+PROBE_SLEEP_SEC: Final = 60.0
+"""What a notify probe's workflow would sleep if it got a slot: it never ends on its own."""
 
 
 def load_average() -> float:
@@ -212,7 +216,7 @@ async def _notify_probe(rollout_client: RolloutClient) -> float:
         initial_messages=PROMPT,
         chat_completions_url="http://127.0.0.1:9/v1",
         rollout_id=uuid.uuid4().hex,
-        metadata={"sleep_sec": 0.0},
+        metadata={"sleep_sec": PROBE_SLEEP_SEC},
         grade=False,
     )
     waiting = asyncio.ensure_future(handle.wait_for_completion())
