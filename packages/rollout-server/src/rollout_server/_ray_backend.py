@@ -43,7 +43,8 @@ from ._grader import Grader, GraderConfig
 from ._local_backend import LocalBackend
 from ._logtext import get_logger
 from ._phases import Phase, RolloutRun, entered_at, timed_out
-from ._ray_pool import RolloutLostError, ServerDeadlineError, WorkerPool
+from ._ray_dispatch import RolloutLostError, ServerDeadlineError
+from ._ray_pool import WorkerPool
 from ._ray_worker import CANCELLED, RolloutWorker, WorkerSpec, decode_outcome
 from ._workflow import AgentWorkflow, AgentWorkflowConfig
 

@@ -8,10 +8,9 @@ relies on:
   acknowledged its end (its ``run`` call returned) or the worker is gone. Waiting
   rollouts queue here, in arrival order; a freed slot goes straight to the oldest waiter,
   on the least-loaded live worker (not by fixed chunks).
-* **Calls.** One Ray call per rollout (``run``), whose reply is the outcome; its end is
-  a callback on this loop, not a task. One ``events()`` call in flight per worker carries
-  the ``grading`` reports of its rollouts; its end is a callback too, which applies them
-  and asks again.
+* **Calls.** One Ray call per rollout (``run``), whose reply is the outcome, and one
+  ``events()`` call in flight per worker for the ``grading`` reports; each call's end is
+  a callback on this loop (:func:`~rollout_server._ray_dispatch.when_done`), not a task.
 * **Deadlines.** A dispatch with a deadline (the agent deadline plus the grace, then the
   grader's once it grades) holds one ``loop.call_at`` timer; when it fires, the rollout
   fails as ``timeout`` and is settled on its worker.
@@ -22,6 +21,10 @@ relies on:
   (``ray.kill(no_restart=True)``) and starts a replacement in its place, retried with a
   backoff until it serves. One incarnation per actor handle (no Ray-side restarts) keeps
   the fate of every call unambiguous; Ray never re-runs a call (``max_task_retries=0``).
+
+The module is about 500 lines because the pool is one class: slots, dispatches, deadlines
+and losses change the same counts and must stay consistent at every step; what it keeps per
+worker and per rollout lives in :mod:`rollout_server._ray_dispatch`.
 """
 
 from __future__ import annotations
@@ -32,148 +35,31 @@ import concurrent.futures
 import contextlib
 import functools
 import itertools
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, Final
 
 from rollout_types import RolloutStatus
 
 from ._backend import ExecutionRequest
 from ._logtext import get_logger
+from ._ray_dispatch import (
+    Dispatch,
+    PoolWorker,
+    RolloutLostError,
+    ServerDeadlineError,
+    consume,
+    describe_ray_error,
+    lost_message,
+    when_done,
+)
 from ._ray_worker import WorkerSpec, encode_request
 
-__all__ = [
-    "Dispatch",
-    "PoolWorker",
-    "RolloutLostError",
-    "ServerDeadlineError",
-    "WorkerPool",
-    "describe_ray_error",
-]
+__all__ = ["WorkerPool"]
 
 logger: Final = get_logger("rollout_server.ray_backend")
 
 REPLACE_DELAYS_SEC: Final = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)
 """Pauses before each attempt to start a replacement worker (the last one repeats)."""
-
-CAUSE_MAX_CHARS: Final = 600
-"""Longest Ray error text quoted in a rollout's ``err_message``."""
-
-
-class RolloutLostError(Exception):
-    """The worker of a rollout is gone, or could not return its result; the message says
-    which worker and why."""
-
-
-class ServerDeadlineError(Exception):
-    """A rollout's worker did not report within the grace after the rollout's deadline."""
-
-
-def describe_ray_error(exc: BaseException) -> str:
-    """A one-line description of a Ray error, at most :data:`CAUSE_MAX_CHARS` long."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    if len(text) > CAUSE_MAX_CHARS:
-        text = text[: CAUSE_MAX_CHARS - 3] + "..."
-    return f"{type(exc).__name__}: {text}"
-
-
-def _consume(future: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved: a failed call nobody awaits is not logged as unhandled
-
-
-def _when_done(
-    loop: asyncio.AbstractEventLoop,
-    ref: Any,
-    callback: Callable[[concurrent.futures.Future[Any]], None],
-) -> None:
-    """Call ``callback(future)`` on ``loop`` once the Ray call of ``ref`` has ended.
-
-    One Ray-side future and one hop to the loop per call (``asyncio.wrap_future()`` would
-    add an asyncio future and a second loop turn); the callback gets a done
-    ``concurrent.futures.Future``.
-    """
-
-    def hop(future: concurrent.futures.Future[Any]) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits anymore
-            loop.call_soon_threadsafe(callback, future)
-
-    ref.future().add_done_callback(hop)
-
-
-class PoolWorker:
-    """One incarnation of a pool position: an actor handle and the rollouts it holds."""
-
-    def __init__(self, index: int, handle: Any) -> None:
-        self.index = index
-        self.handle = handle
-        self.run = handle.run
-        self.info: dict[str, Any] = {}
-        self.ready = False
-        self.held = 0
-        self.inflight: dict[int, Dispatch] = {}
-        self.lost: str | None = None
-
-    @property
-    def serving(self) -> bool:
-        """Started and not lost."""
-        return self.ready and self.lost is None
-
-    @property
-    def label(self) -> str:
-        """``worker <index> (pid <pid> on <node ip>)``, as messages name it."""
-        pid = self.info.get("pid")
-        where = f" (pid {pid} on {self.info.get('node_ip')})" if pid is not None else ""
-        return f"worker {self.index}{where}"
-
-    def describe(self) -> dict[str, Any]:
-        """This worker's ``/health`` entry."""
-        return {
-            "index": self.index,
-            "alive": self.serving,
-            "running": self.held,
-            "pid": self.info.get("pid"),
-            "node_ip": self.info.get("node_ip"),
-            "node_id": self.info.get("node_id"),
-        }
-
-
-class Dispatch:
-    """One rollout on one worker: its call, its result future and its server deadline.
-
-    ``future`` gets the ``run`` call's reply, or :class:`RolloutLostError`, or
-    :class:`ServerDeadlineError`; ``ended`` is True once the worker no longer holds the
-    rollout (the call returned, or the worker is lost).
-    """
-
-    __slots__ = (
-        "ended",
-        "future",
-        "grader_budget_sec",
-        "grading",
-        "key",
-        "request",
-        "settled",
-        "timer",
-        "worker",
-    )
-
-    def __init__(
-        self,
-        key: int,
-        request: ExecutionRequest,
-        worker: PoolWorker,
-        future: asyncio.Future[Any],
-        grader_budget_sec: float | None,
-    ) -> None:
-        self.key = key
-        self.request = request
-        self.worker = worker
-        self.future = future
-        self.grader_budget_sec = grader_budget_sec
-        self.ended = False
-        self.grading = False
-        self.timer: asyncio.TimerHandle | None = None
-        self.settled: asyncio.Future[None] | None = None
 
 
 class WorkerPool:
@@ -273,7 +159,7 @@ class WorkerPool:
             ]
             _, pending = await asyncio.wait(calls, timeout=drain_sec)
             for call in calls:
-                call.add_done_callback(_consume)
+                call.add_done_callback(consume)
             for call in pending:
                 call.cancel()
         for worker in workers:
@@ -412,7 +298,7 @@ class WorkerPool:
         key = dispatch.key
         worker.inflight[key] = dispatch
         try:
-            _when_done(
+            when_done(
                 self._loop,
                 worker.run.remote(encode_request(key, request, elapsed_sec, process_id)),
                 functools.partial(self._replied, dispatch),
@@ -452,7 +338,7 @@ class WorkerPool:
     def _fail(dispatch: Dispatch, error: Exception) -> None:
         if not dispatch.future.done():
             dispatch.future.set_exception(error)
-            dispatch.future.add_done_callback(_consume)
+            dispatch.future.add_done_callback(consume)
 
     def _expire(self, dispatch: Dispatch) -> None:
         dispatch.timer = None
@@ -503,7 +389,7 @@ class WorkerPool:
     async def _settle(self, dispatch: Dispatch, why: str) -> None:
         worker = dispatch.worker
         with contextlib.suppress(Exception):
-            worker.handle.cancel.remote([dispatch.key]).future().add_done_callback(_consume)
+            worker.handle.cancel.remote([dispatch.key]).future().add_done_callback(consume)
         if dispatch.ended:
             return
         settled = dispatch.settled = self._loop.create_future()
@@ -543,7 +429,7 @@ class WorkerPool:
 
     def _poll_events(self, worker: PoolWorker) -> None:
         try:
-            _when_done(
+            when_done(
                 self._loop,
                 worker.handle.events.remote(),
                 functools.partial(self._events_done, worker),
@@ -574,7 +460,7 @@ class WorkerPool:
         worker.held = 0
         for dispatch in dispatches:
             self._end(dispatch)
-            self._fail(dispatch, RolloutLostError(_lost_message(worker, cause)))
+            self._fail(dispatch, RolloutLostError(lost_message(worker, cause)))
         self._kill(worker.handle)
         if replace and not self._closed:
             self.lost_count += 1
@@ -618,10 +504,3 @@ class WorkerPool:
 
         with contextlib.suppress(Exception):
             ray.kill(handle, no_restart=True)
-
-
-def _lost_message(worker: PoolWorker, cause: str) -> str:
-    return (
-        f"Ray {worker.label} was lost while running this rollout ({cause}); the rollout was "
-        "not retried: submit it again with a new rollout_id"
-    )
