@@ -677,6 +677,14 @@ def ray(session: nox.Session) -> None:
     """
     install_wheels(session, "rollout-types", "rollout-server", extras={"rollout-server": "ray"})
     session.install(*HARNESS_DEPS)
+    # Compiled once here: every Ray worker process imports Ray and the server afresh, and
+    # without bytecode (uv installs none, and the tests write none) each spends seconds
+    # compiling them.
+    purelib = session.run(
+        "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
+    )
+    assert isinstance(purelib, str)
+    session.run("python", "-m", "compileall", "-q", "-j", "0", purelib.strip(), silent=True)
     env = {"PYTHONDONTWRITEBYTECODE": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     session.run("pytest", *RAY_TESTS, "--backend=ray", *session.posargs, env=env)
     osmosis = Side(distribution="osmosis-ai", version="0.3.8")
