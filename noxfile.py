@@ -135,6 +135,17 @@ def install_wheels(session: nox.Session, *names: str, extras: dict[str, str] | N
     session.install(*targets)
 
 
+def compile_installed(session: nox.Session) -> None:
+    """Byte-compile the session venv's site-packages once: every Ray worker process imports
+    Ray and the server afresh, and without bytecode (uv installs none, and the sessions write
+    none) each would spend seconds compiling them."""
+    purelib = session.run(
+        "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
+    )
+    assert isinstance(purelib, str)
+    session.run("python", "-m", "compileall", "-q", "-j", "0", purelib.strip(), silent=True)
+
+
 def run_pytest(session: nox.Session, *paths: str) -> None:
     """Run pytest from the repository root over ``paths`` plus any session posargs."""
     session.run("pytest", *paths, *session.posargs, env={"PYTHONDONTWRITEBYTECODE": "1"})
@@ -525,6 +536,7 @@ def bench_ray(session: nox.Session) -> None:
         "rollout-server",
         extras={"rollout-server": "ray"},
     )
+    compile_installed(session)
     session.run("python", "-m", "benchmarks.ray_bench", *session.posargs)
 
 
@@ -677,14 +689,7 @@ def ray(session: nox.Session) -> None:
     """
     install_wheels(session, "rollout-types", "rollout-server", extras={"rollout-server": "ray"})
     session.install(*HARNESS_DEPS)
-    # Compiled once here: every Ray worker process imports Ray and the server afresh, and
-    # without bytecode (uv installs none, and the tests write none) each spends seconds
-    # compiling them.
-    purelib = session.run(
-        "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
-    )
-    assert isinstance(purelib, str)
-    session.run("python", "-m", "compileall", "-q", "-j", "0", purelib.strip(), silent=True)
+    compile_installed(session)
     env = {"PYTHONDONTWRITEBYTECODE": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     session.run("pytest", *RAY_TESTS, "--backend=ray", *session.posargs, env=env)
     osmosis = Side(distribution="osmosis-ai", version="0.3.8")
