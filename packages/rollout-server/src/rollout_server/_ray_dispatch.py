@@ -155,6 +155,12 @@ class Dispatch:
         self.timer: asyncio.TimerHandle | None = None
         self.settled: asyncio.Future[None] | None = None
 
+    def cancel_timer(self) -> None:
+        """Stop the server deadline's timer, if one is set."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
 
 def lost_message(worker: PoolWorker, cause: str) -> str:
     """The ``err_message`` of a rollout whose ``worker`` was lost for ``cause``."""

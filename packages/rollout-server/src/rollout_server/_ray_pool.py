@@ -364,9 +364,7 @@ class WorkerPool:
         if dispatch.grading:
             return
         dispatch.grading = True
-        if dispatch.timer is not None:
-            dispatch.timer.cancel()
-            dispatch.timer = None
+        dispatch.cancel_timer()
         if dispatch.grader_budget_sec is not None:
             dispatch.timer = self._loop.call_later(
                 dispatch.grader_budget_sec, self._expire, dispatch
@@ -415,9 +413,7 @@ class WorkerPool:
         if dispatch.ended:
             return
         dispatch.ended = True
-        if dispatch.timer is not None:
-            dispatch.timer.cancel()
-            dispatch.timer = None
+        dispatch.cancel_timer()
         if dispatch.settled is not None and not dispatch.settled.done():
             dispatch.settled.set_result(None)
         worker = dispatch.worker
