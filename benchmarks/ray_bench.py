@@ -9,7 +9,9 @@ configurations of a workload run in turn, ABAB..., the order reversed every othe
 a change in the machine's load hits all of them alike. Workloads:
 
 * ``overhead``: no-op rollouts (ungraded) one at a time: end-to-end latency p50/p99, and the
-  CPU per rollout of every process (LocalBackend; RayBackend with 1 worker);
+  CPU per rollout of every process (LocalBackend; RayBackend with 1 worker); and, as the
+  floor under RayBackend's figure, one no-op call at a time of an async Ray actor from this
+  process (``ray-call``: a request-sized tuple there and back, no server);
 * ``scaling``: a closed loop at ``--concurrency`` (16) of rollouts that compute 20 ms of
   pure Python each, ``--slots`` (4) per worker: rollouts/s (LocalBackend, RayBackend with 1
   and 2 workers) and CPU per rollout of every process. Meanwhile, one at a time, probes of
@@ -205,6 +207,49 @@ async def overhead(backend: str, count: int) -> dict[str, Any]:
         "p50_ms": percentile(latencies, 0.5) * 1e3,
         "p99_ms": percentile(latencies, 0.99) * 1e3,
         "cpu_ms_per_rollout": cpu,
+        "load_before": load_before,
+        "load_after": load_average(),
+    }
+
+
+class _Echo:
+    """A Ray actor whose one async method returns its argument (the floor of a call)."""
+
+    async def run(self, payload: Any) -> Any:
+        return payload
+
+
+async def ray_call(count: int) -> dict[str, Any]:
+    """The floor under RayBackend's overhead: one no-op call of an async actor at a time,
+    awaited from this process's loop with a request-sized tuple (no server, no HTTP)."""
+    load_before = load_average()
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # 127.0.0.1 only
+    import ray
+
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    try:
+        actor = ray.remote(_Echo).options(num_cpus=1, enable_task_events=False).remote()
+        payload = (1, uuid.uuid4().hex, PROMPT, "http://127.0.0.1:9/v1", None, None, None,
+                   False, None, None, None, 0.001, "process")  # fmt: skip
+        for _ in range(30):
+            await actor.run.remote(payload)
+        latencies = []
+        cpu_before = self_cpu_seconds()
+        async with asyncio.timeout(RUN_BOUND_SEC):
+            for _ in range(count):
+                start = time.perf_counter()
+                await actor.run.remote(payload)
+                latencies.append(time.perf_counter() - start)
+        caller_cpu = self_cpu_seconds() - cpu_before
+    finally:
+        ray.shutdown()
+    return {
+        "workload": "overhead",
+        "config": "ray-call",
+        "rollouts": count,
+        "p50_ms": percentile(latencies, 0.5) * 1e3,
+        "p99_ms": percentile(latencies, 0.99) * 1e3,
+        "cpu_ms_per_rollout": {"client": caller_cpu / count * 1e3},
         "load_before": load_before,
         "load_after": load_average(),
     }
@@ -421,6 +466,7 @@ async def main(argv: list[str] | None = None) -> None:
             [
                 functools.partial(overhead, "local", args.overhead_count),
                 functools.partial(overhead, "ray", args.overhead_count),
+                functools.partial(ray_call, args.overhead_count),
             ],
         )
     if "scaling" in chosen:
