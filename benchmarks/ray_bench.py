@@ -15,12 +15,14 @@ a change in the machine's load hits all of them alike. Workloads:
 * ``scaling``: a closed loop at ``--concurrency`` (16) of rollouts that compute 20 ms of
   pure Python each, ``--slots`` (4) per worker: rollouts/s (LocalBackend, RayBackend with 1
   and 2 workers) and CPU per rollout of every process. Meanwhile, one at a time, probes of
-  how fast a long poll learns of a result: a rollout admitted behind the loop's (it waits
-  for a slot) is cancelled and the time from sending the cancellation to the waiting poll's
-  answer taken (``notify``; the server alone); and a rollout that sleeps 0.2 s (no CPU) is
-  run, the time from its workflow's end (``done_at``, wall clock) to the caller's receipt
-  taken (``result delay``; with Ray it includes the worker's own busy loop, which the
-  sleeping rollout shares with the computing ones); and ``GET /health`` round trips;
+  how fast a long poll learns of a result: while the loop still submits, a rollout admitted
+  behind the loop's (it waits for a slot) is cancelled and the time from sending the
+  cancellation to the waiting poll's answer taken (``notify``; the server alone; the count
+  of probes the caller did not know as ``queued`` is reported); and a rollout that sleeps
+  0.2 s (no CPU) is run, the time from its workflow's end (``done_at``, wall clock) to the
+  caller's receipt taken (``result delay``; with Ray it includes the worker's own busy
+  loop, which the sleeping rollout shares with the computing ones); and ``GET /health``
+  round trips;
 * ``recovery``: RayBackend with 2 workers of 4 slots and 8 sleeping rollouts; SIGKILL of one
   worker; seconds until each of its rollouts is published as a failure, until the pool has
   every worker alive again, and until a new rollout has succeeded.
@@ -255,8 +257,9 @@ async def ray_call(count: int) -> dict[str, Any]:
     }
 
 
-async def _notify_probe(rollout_client: RolloutClient) -> float:
-    """Seconds from cancelling a waiting rollout to its long poll's answer."""
+async def _notify_probe(rollout_client: RolloutClient) -> tuple[float, str]:
+    """Seconds from cancelling a waiting rollout to its long poll's answer, and the status
+    the caller knew when it cancelled (``queued``: the server alone decided the answer)."""
     handle = await rollout_client.run_rollout_async(
         initial_messages=PROMPT,
         chat_completions_url="http://127.0.0.1:9/v1",
@@ -266,13 +269,14 @@ async def _notify_probe(rollout_client: RolloutClient) -> float:
     )
     waiting = asyncio.ensure_future(handle.wait_for_completion())
     await asyncio.sleep(PROBE_SETTLE_SEC)
+    known = _text(handle.status)
     start = time.perf_counter()
     await rollout_client.cancel_rollout(handle.rollout_id)
     result = await waiting
     elapsed = time.perf_counter() - start
-    if str(getattr(result.status, "value", result.status)) != "cancelled":
+    if _text(result.status) != "cancelled":
         raise HarnessError(f"a notify probe ended {result.status} (it was not waiting)")
-    return elapsed
+    return elapsed, known
 
 
 async def scaling(
@@ -297,9 +301,18 @@ async def scaling(
             notifies: list[float] = []
             delays: list[float] = []
 
+            not_queued = 0
+
             async def probe() -> None:
+                nonlocal not_queued
                 while not stop.is_set():
-                    notifies.append(await _notify_probe(rollout_client))
+                    # Only while the loop still submits: every slot is then busy and
+                    # rollouts wait ahead of the probe (once it drains, a probe would run on
+                    # a worker, and its cancellation wait for that worker's busy loop).
+                    if remaining > 0:
+                        elapsed, known = await _notify_probe(rollout_client)
+                        notifies.append(elapsed)
+                        not_queued += known != "queued"
                     result = await rollout(rollout_client, {"sleep_sec": 0.2})
                     received = time.time()
                     assert result.sample is not None
@@ -334,6 +347,8 @@ async def scaling(
         "rollouts_per_sec": count / elapsed,
         "cpu_ms_per_rollout": cpu,
         "probes": len(delays),
+        "notify_probes": len(notifies),
+        "notify_probes_not_queued": not_queued,
         "notify_p50_ms": percentile(notifies, 0.5) * 1e3,
         "notify_p99_ms": percentile(notifies, 0.99) * 1e3,
         "result_delay_p50_ms": percentile(delays, 0.5) * 1e3,
