@@ -14,7 +14,7 @@ a change in the machine's load hits all of them alike. Workloads:
   process (``ray-call``: a request-sized tuple there and back, no server);
 * ``scaling``: a closed loop at ``--concurrency`` (16) of rollouts that compute 20 ms of
   pure Python each, ``--slots`` (4) per worker: rollouts/s (LocalBackend, RayBackend with 1
-  and 2 workers) and CPU per rollout of every process. Meanwhile, one at a time, probes of
+  and 2 workers) and CPU per rollout of every process. Meanwhile, one at a time each, probes of
   how fast a long poll learns of a result: while the loop still submits, a rollout admitted
   behind the loop's (it waits for a slot) is cancelled and the time from sending the
   cancellation to the waiting poll's answer taken (``notify``; the server alone; the count
@@ -68,6 +68,9 @@ PROBE_SETTLE_SEC: Final = 0.02
 """Pause between admitting a notify probe and cancelling it: its long poll is then waiting
 (a round trip on 127.0.0.1 takes about a millisecond), and the rollouts of the loop ahead
 of it (each at least 20 ms of CPU) still hold every slot."""
+NOTIFY_PAUSE_SEC: Final = 0.1
+"""Pause between notify probes (about 8 a second: enough samples for a p99 in a run, few
+enough not to weigh on the load)."""
 PROBE_SLEEP_SEC: Final = 60.0
 """What a notify probe's workflow would sleep if it got a slot: it never ends on its own."""
 
@@ -303,16 +306,19 @@ async def scaling(
 
             not_queued = 0
 
-            async def probe() -> None:
+            async def notify() -> None:
                 nonlocal not_queued
+                # Only while the loop still submits: every slot is then busy and rollouts
+                # wait ahead of the probe (once it drains, a probe would run on a worker,
+                # and its cancellation wait for that worker's busy loop).
+                while not stop.is_set() and remaining > 0:
+                    elapsed, known = await _notify_probe(rollout_client)
+                    notifies.append(elapsed)
+                    not_queued += known != "queued"
+                    await asyncio.sleep(NOTIFY_PAUSE_SEC)
+
+            async def probe() -> None:
                 while not stop.is_set():
-                    # Only while the loop still submits: every slot is then busy and
-                    # rollouts wait ahead of the probe (once it drains, a probe would run on
-                    # a worker, and its cancellation wait for that worker's busy loop).
-                    if remaining > 0:
-                        elapsed, known = await _notify_probe(rollout_client)
-                        notifies.append(elapsed)
-                        not_queued += known != "queued"
                     result = await rollout(rollout_client, {"sleep_sec": 0.2})
                     received = time.time()
                     assert result.sample is not None
@@ -330,7 +336,7 @@ async def scaling(
             meter = CpuMeter(pid)
             async with asyncio.timeout(RUN_BOUND_SEC):
                 meter.start()
-                probers = [asyncio.create_task(probe()), asyncio.create_task(ping())]
+                probers = [asyncio.create_task(task()) for task in (notify, probe, ping)]
                 start = time.perf_counter()
                 await asyncio.gather(*(loop() for _ in range(concurrency)))
                 elapsed = time.perf_counter() - start
@@ -458,7 +464,7 @@ def _rounds(
 async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", maxsplit=1)[0])
     parser.add_argument("--overhead-count", type=int, default=300)
-    parser.add_argument("--scaling-count", type=int, default=600)
+    parser.add_argument("--scaling-count", type=int, default=1200)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--slots", type=int, default=4, help="slots per worker (and local)")
     parser.add_argument("--in-flight", type=int, default=8)
