@@ -41,6 +41,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,6 +164,7 @@ def server(backend: str, workers: int = 1, slots: int = 4) -> Iterator[tuple[str
     finally:
         stop_process(process)
         log.close()
+    shutil.rmtree(work, ignore_errors=True)  # kept (with its server.log) when the run failed
 
 
 @contextlib.asynccontextmanager
