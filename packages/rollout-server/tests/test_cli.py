@@ -372,6 +372,33 @@ class TestServe:
             await task
         assert backlogs == [LISTEN_BACKLOG] == [4096]
 
+    async def test_the_signal_handlers_found_at_the_start_are_back_at_the_end(
+        self, app_dir: Path
+    ) -> None:
+        """serve() hands SIGTERM and SIGINT back to the handlers it found, not to the default
+        action, which would end the process on a signal sent as the server stops listening
+        (the command's exit guard waits there)."""
+
+        def found(_signum: int, _frame: object) -> None:
+            """The handler installed before serving."""
+
+        saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for signum in saved:
+                signal.signal(signum, found)
+            target = load_target("cli_targets:factory", app_dir=str(app_dir))
+            app = await build_app(target, parse("cli_targets:factory", "--drain-timeout-sec", "0"))
+            stop = asyncio.Event()
+            stop.set()
+            async with asyncio.timeout(EVENT_SEC):
+                await serve(app, host="127.0.0.1", port=0, stop=stop)
+            assert {signum: signal.getsignal(signum) for signum in saved} == dict.fromkeys(
+                saved, found
+            )
+        finally:
+            for signum, handler in saved.items():
+                signal.signal(signum, handler)
+
 
 @contextlib.contextmanager
 def server_process(

@@ -412,6 +412,9 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+_SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers
+
+
 async def serve(
     app: web.Application,
     *,
@@ -453,7 +456,7 @@ async def serve(
             )
             server.hurry()
 
-    installed: list[int] = []
+    installed: dict[int, _SignalHandler] = {}
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
     try:
@@ -469,8 +472,9 @@ async def serve(
             raise
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
+                previous = signal.getsignal(signum)
                 loop.add_signal_handler(signum, handle_signal, signum)
-                installed.append(signum)
+                installed[signum] = signal.SIG_DFL if previous is None else previous
         bound_host, bound_port = runner.addresses[0][:2]
         if port_file is not None:
             try:
@@ -488,8 +492,11 @@ async def serve(
     finally:
         await runner.cleanup()
         # Removed only now: a signal while the listeners close still cuts waits short.
-        for installed_signum in installed:
+        for installed_signum, previous in installed.items():
+            # Straight back to the handler found at the start: the loop's removal leaves
+            # the default action (for SIGTERM, the end of the process) in between.
             loop.remove_signal_handler(installed_signum)
+            signal.signal(installed_signum, previous)
         if port_file is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(port_file)
@@ -556,13 +563,23 @@ class _ExitGuard:
 
     From the first signal on, a daemon timer ends the process with status 0 once the
     shutdown has had its stage bounds plus :data:`EXIT_SLACK_SEC`; a further signal moves
-    that to :data:`EXIT_SLACK_SEC` from then. Once serving is over, a signal exits at once.
+    that to :data:`EXIT_SLACK_SEC` from then. Once a shutdown has begun or serving is over,
+    a signal that reaches the guard's handler (:meth:`install`; :func:`serve` hands the
+    signals back to it when it stops listening) exits at once.
     """
 
     def __init__(self) -> None:
         self.bound_sec = EXIT_SLACK_SEC
         self._timer: threading.Timer | None = None
         self._signals = 0
+        self._serving_over = False
+
+    def install(self) -> None:
+        """Handle SIGTERM and SIGINT before serving; until a shutdown begins, they keep their
+        default action (SIGTERM ends the process, SIGINT raises KeyboardInterrupt)."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError, OSError):  # not the main thread
+                signal.signal(signum, self._handle)
 
     def on_signal(self, _signum: int) -> None:
         """Called for each SIGTERM/SIGINT while serving (the drain handles the signal)."""
@@ -571,9 +588,7 @@ class _ExitGuard:
 
     def after_serving(self) -> None:
         """From now on, a SIGTERM or SIGINT ends the process at once, with status 0."""
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError, OSError):  # not the main thread
-                signal.signal(signum, self._exit_on_signal)
+        self._serving_over = True
 
     def disarm(self) -> None:
         """The exit went as planned: stop the timer."""
@@ -587,9 +602,13 @@ class _ExitGuard:
         self._timer.daemon = True
         self._timer.start()
 
-    @staticmethod
-    def _exit_on_signal(signum: int, _frame: FrameType | None) -> None:
-        _exit_now(0, f"Received {signal.Signals(signum).name} again: exiting now")
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._serving_over or self._signals:
+            _exit_now(0, f"Received {signal.Signals(signum).name} again: exiting now")
+        if signum == signal.SIGINT:
+            signal.default_int_handler(signum, frame)
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
 
 
 def _exit_now(status: int, message: str) -> None:
@@ -664,6 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 <= args.port <= 65535:
         command.error(f"--port must be between 0 and 65535; got {args.port}")
     exit_guard = _ExitGuard()
+    exit_guard.install()
     try:
         runner = asyncio.Runner(loop_factory=_loop_factory(args.loop))
         try:
