@@ -100,6 +100,7 @@ nox.options.sessions = [
     "tests_server",
     "integration",
     "interop",
+    "ray",
 ]
 
 
@@ -143,6 +144,17 @@ def install_wheels(session: nox.Session, *names: str, extras: dict[str, str] | N
         extra = (extras or {}).get(name)
         targets.append(f"{name}[{extra}] @ {wheel.as_uri()}" if extra else str(wheel))
     session.install(*targets)
+
+
+def compile_installed(session: nox.Session) -> None:
+    """Byte-compile the session venv's site-packages once: every Ray worker process imports
+    Ray and the server afresh, and without bytecode (uv installs none, and the sessions write
+    none) each would spend seconds compiling them."""
+    purelib = session.run(
+        "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
+    )
+    assert isinstance(purelib, str)
+    session.run("python", "-m", "compileall", "-q", "-j", "0", purelib.strip(), silent=True)
 
 
 def run_pytest(session: nox.Session, *args: str) -> None:
@@ -521,6 +533,24 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks", "--osmosis-python", osmosis_python, *session.posargs)
 
 
+@nox.session(python="3.12")
+def bench_ray(session: nox.Session) -> None:
+    """RayBackend against LocalBackend (not in the default set): overhead per no-op rollout,
+    scaling of a CPU-bound workflow over 1 and 2 workers, long-poll responsiveness while
+    workers compute, and recovery from SIGKILL of a worker (``benchmarks/ray_bench.py``;
+    a few minutes, best on an otherwise idle machine). Posargs go to the module
+    (``-- --help``)."""
+    install_wheels(
+        session,
+        "rollout-types",
+        "rollout-client",
+        "rollout-server",
+        extras={"rollout-server": "ray"},
+    )
+    compile_installed(session)
+    session.run("python", "-m", "benchmarks.ray_bench", *session.posargs)
+
+
 # -- Versions: interop with osmosis-ai and the compatibility matrix --------------------------
 #
 # Each (client, server) pair of COMPAT_TABLE is expected to work or to fail fast with a
@@ -647,6 +677,56 @@ def interop(session: nox.Session) -> None:
     side in its own venv; runs tests/interop and tests/compat. Posargs go to pytest.
     """
     run_matrix(session, [pair for pair in compat_table() if pair.quick], session.posargs)
+
+
+RAY_TESTS = (
+    "packages/rollout-server/tests/test_ray_backend.py",
+    "packages/rollout-server/tests/test_local_http.py",
+)
+"""RayBackend's own tests, and the real-backend HTTP suite run against RayBackend."""
+
+
+@nox.session(python=PEER_PYTHON)
+def ray(session: nox.Session) -> None:
+    """RayBackend on a real Ray cluster (127.0.0.1 only), in CI.
+
+    Installs rollout-server[ray] from wheels; runs RayBackend's tests (fault injection on a
+    multi-node cluster in one machine) and the backend-independent HTTP suite with
+    ``--backend=ray``, then osmosis-ai 0.3.8's client against a RayBackend server: the
+    pull-protocol interop suite (graded and failing rollouts, milestones, cancel, 409,
+    health, wait_idle, 429) with ``ROLLOUT_INTEROP_OURS_BACKEND=ray``, this venv as the
+    server side and an osmosis-ai venv as the client (only that pair). Ray stays out of
+    the ``interop`` session's venvs. Posargs go to both pytest runs.
+    """
+    install_wheels(session, "rollout-types", "rollout-server", extras={"rollout-server": "ray"})
+    session.install(*HARNESS_DEPS)
+    compile_installed(session)
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    session.run("pytest", *RAY_TESTS, "--backend=ray", *session.posargs, env=env)
+    osmosis = Side(distribution="osmosis-ai", version="0.3.8")
+    server_python = str(Path(session.bin) / "python")
+    listing = [
+        {
+            "id": "osmosis-0.3.8-client-vs-ray-backend",
+            "client": {"peer": osmosis.peer, "python": make_side_venv(session, osmosis)},
+            "server": {"peer": "ours-server", "python": server_python},
+            "expect": "works",
+            "error": None,
+        }
+    ]
+    pairs_file = Path(session.create_tmp()) / "ray-pairs.json"
+    pairs_file.write_text(json.dumps(listing, indent=2), "utf-8")
+    env.update(
+        ROLLOUT_INTEROP_REQUIRE="1",
+        ROLLOUT_COMPAT_PAIRS=str(pairs_file),
+        ROLLOUT_INTEROP_OURS_BACKEND="ray",
+    )
+    # Scenarios that start servers of their own (restart, auth, lease expiry) test the
+    # server, not the backend, and would each start a Ray cluster: left to `interop`.
+    only = "not restart and not auth and not lease_expires"
+    session.run(
+        "pytest", "tests/interop/test_pull_protocol.py", "-k", only, *session.posargs, env=env
+    )
 
 
 HEAD_AS_RELEASE = "--head-as-release"

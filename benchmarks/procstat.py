@@ -6,7 +6,7 @@ import os
 import resource
 from typing import Final
 
-__all__ = ["cpu_seconds", "cpu_times", "memory_kib", "self_cpu_seconds"]
+__all__ = ["cpu_seconds", "cpu_times", "memory_kib", "self_cpu_seconds", "tree_cpu_seconds"]
 
 _CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 
@@ -68,3 +68,50 @@ def self_cpu_seconds() -> float:
     """User plus system CPU time of the calling process so far, in seconds."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def _stat(pid: int) -> tuple[str, int, float]:
+    """``(comm, ppid, cpu seconds)`` of process ``pid``."""
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+        text = stat.read()
+    comm = text[text.index("(") + 1 : text.rindex(")")]
+    fields = text[text.rindex(")") + 2 :].split()
+    cpu = (int(fields[_UTIME_FIELD]) + int(fields[_UTIME_FIELD + 1])) / _CLOCK_TICKS
+    return comm, int(fields[1]), cpu
+
+
+def tree_cpu_seconds(root: int) -> dict[int, tuple[str, str, float]]:
+    """CPU time of process ``root`` and of every live descendant of it.
+
+    Args:
+        root: A live process id.
+
+    Returns:
+        ``{pid: (comm, cmdline, user plus system seconds)}``; a process that exits while
+        it is read is left out.
+    """
+    stats: dict[int, tuple[str, int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stats[int(entry)] = _stat(int(entry))
+            except OSError:
+                continue
+    children: dict[int, list[int]] = {}
+    for pid, (_comm, ppid, _cpu) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    found: dict[int, tuple[str, str, float]] = {}
+    pending = [root]
+    while pending:
+        pid = pending.pop()
+        if pid not in stats:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            continue
+        comm, _ppid, cpu = stats[pid]
+        found[pid] = (comm, command, cpu)
+        pending.extend(children.get(pid, []))
+    return found

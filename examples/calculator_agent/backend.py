@@ -25,10 +25,10 @@ from rollout_server import AgentWorkflowConfig, GraderConfig, LocalBackend
 from .agent import CalculatorAgent
 from .grader import AnswerGrader
 
-__all__ = ["create_backend"]
+__all__ = ["create_backend", "int_env", "workflow_config"]
 
 
-def _int_env(name: str, default: int | None) -> int | None:
+def int_env(name: str, default: int | None) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
         return default
@@ -38,28 +38,37 @@ def _int_env(name: str, default: int | None) -> int | None:
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
 
-def create_backend() -> LocalBackend:
-    """Build the example LocalBackend from the environment (see the module docstring).
+def workflow_config() -> AgentWorkflowConfig:
+    """The agent's config from the environment (see the module docstring).
 
     Raises:
         ValueError: When one of the environment variables is not a valid number.
     """
     extra: dict[str, Any] = {
         "stream": os.environ.get("EXAMPLE_AGENT_STREAM", "0").strip().lower() in {"1", "true"},
-        "max_turns": _int_env("EXAMPLE_AGENT_MAX_TURNS", 6),
+        "max_turns": int_env("EXAMPLE_AGENT_MAX_TURNS", 6),
     }
     model = os.environ.get("EXAMPLE_AGENT_MODEL", "").strip()
     if model:
         extra["model"] = model
+    return AgentWorkflowConfig(
+        name="calculator-agent",
+        description="multi-turn chat agent with a calculator tool",
+        concurrency={"max_concurrent": int_env("EXAMPLE_AGENT_MAX_CONCURRENT", 8)},
+        extra=extra,
+    )
+
+
+def create_backend() -> LocalBackend:
+    """Build the example LocalBackend from the environment (see the module docstring).
+
+    Raises:
+        ValueError: When one of the environment variables is not a valid number.
+    """
     return LocalBackend(
         workflow=CalculatorAgent,
-        workflow_config=AgentWorkflowConfig(
-            name="calculator-agent",
-            description="multi-turn chat agent with a calculator tool",
-            concurrency={"max_concurrent": _int_env("EXAMPLE_AGENT_MAX_CONCURRENT", 8)},
-            extra=extra,
-        ),
+        workflow_config=workflow_config(),
         grader=AnswerGrader,
         grader_config=GraderConfig(name="answer-match"),
-        max_queued=_int_env("EXAMPLE_AGENT_MAX_QUEUED", None),
+        max_queued=int_env("EXAMPLE_AGENT_MAX_QUEUED", None),
     )

@@ -6,6 +6,11 @@
   executions the test drives step by step (statuses, outcomes, crashes, cancellation).
 * ``make_harness`` serves ``create_rollout_server()`` over real HTTP on 127.0.0.1 with
   short test timings and wraps the four routes.
+* ``make_backend`` builds the real backend the run is for: ``LocalBackend`` by default,
+  ``RayBackend`` with ``--backend=ray`` (the ``ray`` nox session), on one Ray cluster per
+  test session (``ray_cluster``: a head node on 127.0.0.1 that tests may add nodes to).
+  ``gates`` are named events and values the test shares with the workflows it serves, in
+  process or across Ray workers.
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ import asyncio
 import faulthandler
 import functools
 import inspect
+import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -29,6 +37,8 @@ from rollout_server import (
     ExecutionOutcome,
     ExecutionRequest,
     ExecutionResult,
+    LocalBackend,
+    RayBackend,
     RolloutContext,
     RolloutServer,
     Sample,
@@ -44,6 +54,10 @@ except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
     uvloop = None  # type: ignore[assignment]
 
 _HERE = Path(__file__).resolve().parent
+
+# Before anything imports Ray (its constants are read at import): every Ray process a test
+# starts binds to 127.0.0.1 only.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 EVENT_SEC = 10.0
 """Upper bound on waiting for an event a test expects (never reached when all is well)."""
@@ -69,6 +83,16 @@ def _bounded(test: Callable[..., Awaitable[Any]], nodeid: str) -> Callable[..., 
             raise
 
     return bounded_test
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--backend=local|ray``: the real backend that ``make_backend`` builds."""
+    parser.addoption(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="backend of the backend-parametrized tests (ray needs rollout-server[ray])",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -102,13 +126,14 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
     """Run every async test on the default loop and on uvloop.
 
     A test module that sets ``COMMAND_LOOP_ONLY = True`` (the command's tests, whose
-    servers run in subprocesses) runs once, on the loop the command uses: uvloop.
+    servers run in subprocesses), and every test of a ``--backend=ray`` run (each starts
+    Ray workers), runs once, on the loop the command uses: uvloop.
     """
     factories: dict[str, Any] = {"asyncio": asyncio.new_event_loop}
     if uvloop is not None:
         factories["uvloop"] = uvloop.new_event_loop
         module = getattr(item, "module", None)
-        if getattr(module, "COMMAND_LOOP_ONLY", False):
+        if getattr(module, "COMMAND_LOOP_ONLY", False) or config.getoption("--backend") == "ray":
             del factories["asyncio"]
     return factories
 
@@ -438,3 +463,193 @@ def body() -> Callable[..., dict[str, Any]]:
 def outcome_success() -> Callable[..., ExecutionOutcome]:
     """:func:`success`: ``outcome_success(reward=0.5, **sample_fields)``."""
     return success
+
+
+# -- real backends: LocalBackend, or RayBackend on the session's Ray cluster ---------------
+
+RAY_HEAD_CPUS = 4
+"""Logical CPUs of the session cluster's head node (actors ask for 1 each; oversubscribing
+the 2 real cores is fine for tests)."""
+
+
+RAY_TEST_SYSTEM_CONFIG: dict[str, Any] = {
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 500,
+    "health_check_failure_threshold": 3,
+}
+"""A removed node is marked dead within about 2 s (Ray's default is about 15 s), so a
+replacement worker never waits for a dead node that still counts as alive."""
+
+
+@pytest.fixture(scope="session")
+def backend_kind(pytestconfig: pytest.Config) -> str:
+    """``"local"`` or ``"ray"`` (the ``--backend`` option)."""
+    kind: str = pytestconfig.getoption("--backend")
+    return kind
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """One Ray cluster for the whole session, on 127.0.0.1: a head node that tests may add
+    nodes to (``ray.cluster_utils.Cluster``). Stopped by ``ray.shutdown()`` and the
+    cluster's own shutdown (its processes, by their handles)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": RAY_HEAD_CPUS,
+            "resources": {"head": 1},
+            "include_dashboard": False,
+            "_system_config": RAY_TEST_SYSTEM_CONFIG,
+        },
+    )
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+class GateKeeper:
+    """The Ray actor behind remote :class:`Gates`: events and values by key."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+        self._values: dict[str, Any] = {}
+
+    def _event(self, key: str) -> asyncio.Event:
+        return self._events.setdefault(key, asyncio.Event())
+
+    async def set(self, key: str) -> None:
+        self._event(key).set()
+
+    async def wait(self, key: str) -> None:
+        await self._event(key).wait()
+
+    async def is_set(self, key: str) -> bool:
+        return key in self._events and self._events[key].is_set()
+
+    async def keys(self) -> list[str]:
+        return list(self._events)
+
+    async def put(self, key: str, value: Any) -> None:
+        self._values[key] = value
+
+    async def get(self, key: str) -> Any:
+        return self._values.get(key)
+
+
+class Gates:
+    """Named events and values shared by a test and the workflows it serves.
+
+    In process (LocalBackend) they are plain asyncio events; with ``actor`` (RayBackend)
+    they live in a named Ray actor, so a workflow in any worker process sees the test's
+    ``set()`` and the test sees the workflow's ``put()``. ``set()`` does not wait (calls
+    from one process reach the actor in order).
+    """
+
+    def __init__(self, actor: str | None = None) -> None:
+        self._actor_name = actor
+        self._events: dict[str, asyncio.Event] = {}
+        self._values: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only remote gates travel (to Ray workers); their state is the actor's name.
+        return {"_actor_name": self._actor_name, "_events": {}, "_values": {}}
+
+    def _actor(self) -> Any:
+        import ray
+
+        return ray.get_actor(self._actor_name)
+
+    def set(self, key: str) -> None:
+        """Set the event ``key``."""
+        if self._actor_name is None:
+            self._events.setdefault(key, asyncio.Event()).set()
+        else:
+            self._actor().set.remote(key)
+
+    async def wait(self, key: str) -> None:
+        """Wait until the event ``key`` is set (unbounded: bound it in the caller)."""
+        if self._actor_name is None:
+            await self._events.setdefault(key, asyncio.Event()).wait()
+        else:
+            await self._actor().wait.remote(key)
+
+    async def keys(self) -> list[str]:
+        """Every key that was set or waited for."""
+        if self._actor_name is None:
+            return list(self._events)
+        keys: list[str] = await self._actor().keys.remote()
+        return keys
+
+    async def put(self, key: str, value: Any) -> None:
+        """Store ``value`` under ``key``."""
+        if self._actor_name is None:
+            self._values[key] = value
+        else:
+            await self._actor().put.remote(key, value)
+
+    async def get(self, key: str) -> Any:
+        """The value stored under ``key``, or None."""
+        if self._actor_name is None:
+            return self._values.get(key)
+        return await self._actor().get.remote(key)
+
+    def open_all(self) -> None:
+        """Set every local event (a test's teardown; remote gates die with their actor)."""
+        for event in self._events.values():
+            event.set()
+
+
+@pytest.fixture
+def gates(request: pytest.FixtureRequest, backend_kind: str) -> Iterator[Gates]:
+    """Fresh :class:`Gates` for one test, remote when the backend is Ray."""
+    if backend_kind == "local":
+        local = Gates()
+        yield local
+        local.open_all()
+        return
+    import ray
+
+    request.getfixturevalue("ray_cluster")
+    name = f"gates-{uuid.uuid4().hex}"
+    # On the head node, which no test removes.
+    actor = ray.remote(GateKeeper).options(name=name, num_cpus=0, resources={"head": 0.01}).remote()
+    try:
+        yield Gates(name)
+    finally:
+        ray.kill(actor)
+
+
+MakeBackend = Callable[..., Any]
+
+
+def ship_by_value(*modules: ModuleType) -> None:
+    """Let Ray workers receive classes and functions of ``modules`` by value (test modules
+    are not importable by name in a worker)."""
+    import ray
+
+    for module in modules:
+        ray.cloudpickle.register_pickle_by_value(module)
+
+
+@pytest.fixture
+def make_backend(request: pytest.FixtureRequest, backend_kind: str) -> MakeBackend:
+    """Factory: ``make_backend(workflow, **LocalBackend_kwargs)`` builds a LocalBackend, or
+    with ``--backend=ray`` a RayBackend with the same settings (one worker whose slots are
+    the config's ``max_concurrent``) on the session cluster. Ray-only keyword arguments
+    (``ray={...}``) are ignored for LocalBackend."""
+
+    def make(workflow: Any, *, ray: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+        if backend_kind == "local":
+            return LocalBackend(workflow, **kwargs)
+        request.getfixturevalue("ray_cluster")
+        ship_by_value(sys.modules[__name__], request.module)
+        options = {"num_workers": 1, **(ray or {})}
+        return RayBackend(workflow, **kwargs, **options)
+
+    return make

@@ -1,8 +1,12 @@
-"""LocalBackend end to end: real HTTP on 127.0.0.1 through ``create_rollout_server()``.
+"""A real backend end to end: real HTTP on 127.0.0.1 through ``create_rollout_server()``.
 
 The wire results of every row of wire-protocol section 5.7, honest ``queued``/``running``/
 ``grading`` statuses, 429 backpressure, cancellation dispositions, ``/health`` and the
 trajectory file being in place when a terminal result is seen.
+
+The backend is conftest's ``make_backend``: LocalBackend, or with ``--backend=ray`` a
+RayBackend running the same workflows in a Ray worker (shipped by value; the gates they
+wait on are conftest's ``gates``, remote then).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from rollout_server import (
     AgentWorkflowOutput,
     Grader,
     GraderContext,
-    LocalBackend,
     Sample,
     WorkflowContext,
     get_rollout_context,
@@ -34,17 +37,18 @@ EVENT_SEC = 10.0
 TERMINAL = ("success", "failure", "cancelled")
 ANSWER = {"role": "assistant", "content": "42"}
 
-GATES: dict[str, asyncio.Event] = {}
-"""Per-key events the blocking workflows and graders wait on."""
+SHARED: dict[str, Any] = {}
+"""``gates``: the test's conftest ``Gates`` (events the blocking workflows and graders wait
+on), captured with the workflows when they travel to a Ray worker."""
 
 
-def gate(key: str) -> asyncio.Event:
-    return GATES.setdefault(key, asyncio.Event())
+def gates() -> Any:
+    return SHARED["gates"]
 
 
 @pytest.fixture(autouse=True)
-def _reset_gates() -> None:
-    GATES.clear()
+def _gates(gates: Any) -> None:
+    SHARED["gates"] = gates
 
 
 # -- workflows -------------------------------------------------------------------------
@@ -66,8 +70,8 @@ class BlockingWorkflow(AgentWorkflow):
     """Signals ``started:<id>``, waits for the gate ``<id>``, then answers."""
 
     async def run(self, ctx: WorkflowContext) -> AgentWorkflowOutput:
-        gate(f"started:{ctx.rollout_id}").set()
-        await gate(ctx.rollout_id).wait()
+        gates().set(f"started:{ctx.rollout_id}")
+        await gates().wait(ctx.rollout_id)
         return AgentWorkflowOutput(messages=[*ctx.prompt, ANSWER])
 
 
@@ -99,11 +103,11 @@ class DirtyMessagesWorkflow(AgentWorkflow):
 
 
 class AmbientWorkflow(AgentWorkflow):
-    seen: ClassVar[dict[str, Any]] = {}
+    """Stores what it sees under its rollout id in the gates."""
 
     async def run(self, ctx: WorkflowContext) -> AgentWorkflowOutput:
         ambient = get_rollout_context()
-        self.seen[ctx.rollout_id] = {
+        seen = {
             "rollout_id": ambient.rollout_id,
             "url": ambient.chat_completions_url,
             "key": ambient.api_key,
@@ -111,6 +115,7 @@ class AmbientWorkflow(AgentWorkflow):
             "artifacts_dir": ctx.artifacts_dir,
             "temperature": None if ctx.config is None else ctx.config.temperature,
         }
+        await gates().put(ctx.rollout_id, seen)
         return AgentWorkflowOutput(messages=[*ctx.prompt, ANSWER])
 
 
@@ -138,8 +143,8 @@ class BlockingGrader(Grader):
 
     async def grade(self, ctx: GraderContext) -> None:
         ctx.set_reward(0.25)
-        gate(f"grading:{ctx.rollout_id}").set()
-        await gate(f"grader:{ctx.rollout_id}").wait()
+        gates().set(f"grading:{ctx.rollout_id}")
+        await gates().wait(f"grader:{ctx.rollout_id}")
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -151,17 +156,17 @@ Harness = Any
 
 
 @pytest.fixture
-async def make_local(make_harness: MakeHarness) -> AsyncIterator[MakeHarness]:
-    """Factory: serve a LocalBackend through conftest's ``make_harness`` (0.3 s long-poll
-    wait, 5 s lease). At teardown every gate opens, so no blocked workflow delays the
-    shutdown."""
+async def make_local(make_harness: MakeHarness, make_backend: Any) -> AsyncIterator[MakeHarness]:
+    """Factory: ``await make_local(workflow, **backend_kwargs)`` serves conftest's
+    ``make_backend`` through ``make_harness`` (0.3 s long-poll wait, 5 s lease). At
+    teardown every gate opens, so no blocked workflow delays the shutdown."""
 
-    async def make(backend: LocalBackend) -> Harness:
-        return await make_harness(backend)
+    async def make(workflow: Any, **kwargs: Any) -> Harness:
+        return await make_harness(make_backend(workflow, **kwargs))
 
     yield make
-    for event in GATES.values():
-        event.set()
+    for key in await gates().keys():
+        gates().set(key)
 
 
 async def serve(
@@ -173,8 +178,8 @@ async def serve(
     max_concurrent: int | None = 4,
     max_queued: int | None = None,
 ) -> Harness:
-    """A harness serving a LocalBackend whose files go under ``tmp_path``."""
-    backend = LocalBackend(
+    """A harness serving the backend under test, its files under ``tmp_path``."""
+    return await make_local(
         workflow,
         workflow_config=AgentWorkflowConfig(
             name="test", concurrency={"max_concurrent": max_concurrent}
@@ -183,7 +188,6 @@ async def serve(
         max_queued=max_queued,
         artifact_root=tmp_path,
     )
-    return await make_local(backend)
 
 
 async def run_to_end(harness: Harness, rollout_id: str = "r1", **fields: Any) -> dict[str, Any]:
@@ -205,7 +209,7 @@ async def health_until(harness: Harness, predicate: Callable[[dict[str, Any]], b
 
 async def wait_gate(key: str) -> None:
     async with asyncio.timeout(EVENT_SEC):
-        await gate(key).wait()
+        await gates().wait(key)
 
 
 def error_of(body: dict[str, Any]) -> tuple[str, str | None, str | None]:
@@ -363,15 +367,15 @@ class TestStatuses:
         await health_until(harness, lambda c: c["queued"] == 1)
         reply = await harness.poll("b", second)
         assert reply.json["status"] == "queued"
-        gate("a").set()
+        gates().set("a")
         await harness.poll_until("a", first, "grading")
         assert (await harness.poll("b", second)).json["status"] == "queued"
-        gate("grader:a").set()
+        gates().set("grader:a")
         await harness.poll_until("b", second, "running")
         done = await harness.poll_until("a", first, *TERMINAL)
         assert error_of(done.json) == ("success", None, None)
-        gate("b").set()
-        gate("grader:b").set()
+        gates().set("b")
+        gates().set("grader:b")
         assert (await harness.poll_until("b", second, *TERMINAL)).json["status"] == "success"
 
     async def test_trajectory_exists_when_the_result_is_seen(
@@ -403,16 +407,18 @@ class TestAmbientContext:
         """Workflow code finds the chat URL, the rollout id, the process id and, without an
         llm_api_key, the OSMOSIS_API_KEY fallback through get_rollout_context()."""
         monkeypatch.setenv("OSMOSIS_API_KEY", "sk-from-env")
-        backend = LocalBackend(
+        # A Ray worker reads its own environment: give it the variable there too.
+        env = {"env_vars": {"OSMOSIS_API_KEY": "sk-from-env"}}
+        harness = await make_local(
             AmbientWorkflow,
             workflow_config=AgentWorkflowConfig(name="ambient", temperature=0.3),
             artifact_root=tmp_path,
+            ray={"worker_options": {"runtime_env": env}},
         )
-        harness = await make_local(backend)
         await run_to_end(harness, "x1", grade=False)
         await run_to_end(harness, "x2", grade=False, llm_api_key="sk-request")
         process_id = (await harness.health()).json["process_id"]
-        assert AmbientWorkflow.seen["x1"] == {
+        assert await gates().get("x1") == {
             "rollout_id": "x1",
             "url": "http://127.0.0.1:9/v1",
             "key": "sk-from-env",
@@ -420,7 +426,7 @@ class TestAmbientContext:
             "artifacts_dir": tmp_path / "x1" / "artifacts",
             "temperature": 0.3,
         }
-        assert AmbientWorkflow.seen["x2"]["key"] == "sk-request"
+        assert (await gates().get("x2"))["key"] == "sk-request"
 
 
 class TestBackpressure:
@@ -442,12 +448,12 @@ class TestBackpressure:
         assert refused.headers["Retry-After"] == "10"
         health = (await harness.health()).json["concurrency"]
         assert health == {"max_concurrent": 1, "queued": 1, "running": 1, "max_queued": 1}
-        gate("a").set()
+        gates().set("a")
         await harness.poll_until("a", first, *TERMINAL)
         await wait_gate("started:b")
         third = await harness.admit("c", grade=False)
-        gate("b").set()
-        gate("c").set()
+        gates().set("b")
+        gates().set("c")
         for rollout_id, token in (("b", second), ("c", third)):
             reply = await harness.poll_until(rollout_id, token, *TERMINAL)
             assert reply.json["status"] == "success"
@@ -467,8 +473,8 @@ class TestCancellation:
         assert error_of(done.json) == ("cancelled", "cancelled", None)
         health = (await harness.health()).json["concurrency"]
         assert (health["queued"], health["running"]) == (0, 1)
-        assert "started:b" not in GATES
-        gate("a").set()
+        assert "started:b" not in await gates().keys()
+        gates().set("a")
 
     async def test_cancel_running_frees_the_slot(
         self, make_local: MakeHarness, tmp_path: Path
@@ -485,7 +491,7 @@ class TestCancellation:
         assert error_of(done.json) == ("cancelled", "cancelled", None)
         await harness.poll_until("b", second, "running")
         await wait_gate("started:b")
-        gate("b").set()
+        gates().set("b")
         assert (await harness.poll_until("b", second, *TERMINAL)).json["status"] == "success"
 
     async def test_cancel_grading(self, make_local: MakeHarness, tmp_path: Path) -> None:
@@ -506,9 +512,9 @@ class TestCancellation:
 
 class TestHealth:
     async def test_payload(self, make_local: MakeHarness, tmp_path: Path) -> None:
-        """/health carries LocalBackend's concurrency block with max_queued."""
-        backend = LocalBackend(AnswerWorkflow, max_queued=8, artifact_root=tmp_path)
-        harness = await make_local(backend)
+        """/health carries the concurrency block of LocalBackend (which RayBackend
+        shares) with max_queued."""
+        harness = await make_local(AnswerWorkflow, max_queued=8, artifact_root=tmp_path)
         reply = await harness.health()
         assert reply.json["status"] == "ok"
         assert reply.json["concurrency"] == {

@@ -1,5 +1,5 @@
-"""Rollout server on aiohttp: ``create_rollout_server()``, the backend interface and
-``LocalBackend``."""
+"""Rollout server on aiohttp: ``create_rollout_server()``, the backend interface,
+``LocalBackend`` and ``RayBackend`` (Ray itself is imported only when a RayBackend starts)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from ._errors import (
 from ._grader import Grader, GraderConfig, GraderContext
 from ._local_backend import LocalBackend
 from ._observer import ExecutionObserver
+from ._ray_backend import RayBackend
 from ._server import RolloutServer
 from ._shutdown import ShutdownTimeouts
 from ._workflow import (
@@ -54,6 +55,7 @@ __all__ = [
     "GraderContext",
     "LocalBackend",
     "ModelEndpointError",
+    "RayBackend",
     "RolloutContext",
     "RolloutServer",
     "RolloutServerError",

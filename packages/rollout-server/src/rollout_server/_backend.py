@@ -207,5 +207,14 @@ class ExecutionBackend(abc.ABC):
         """Backend fields merged into ``GET /health``; default ``{"status": "ok"}``."""
         return {"status": "ok"}
 
+    async def startup(self) -> None:  # noqa: B027 - optional hook with a no-op default
+        """Acquire resources (a cluster, workers) before the first admission.
+
+        The app awaits it at startup, before it serves; an exception stops the startup.
+        Default: nothing.
+
+        .. versionadded:: 0.2
+        """
+
     async def shutdown(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Release resources once admissions have stopped and work has drained."""

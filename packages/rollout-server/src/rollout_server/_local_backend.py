@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Final
 from rollout_types import RolloutStatus
 
 from . import _tracing
+from ._admission import SlotAdmission
 from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult
 from ._context import RolloutContext, bind_rollout_context, current_rollout_context
 from ._grader import Grader, GraderConfig
@@ -47,12 +48,6 @@ DEFAULT_MAX_CONCURRENT: Final = 4
 
 SHUTDOWN_PERSIST_WAIT_SEC: Final = 10.0
 """Longest :meth:`LocalBackend.shutdown` waits for trajectory writes still in flight."""
-
-DEFAULT_ROLLOUT_DURATION_SEC: Final = 5.0
-"""Assumed slot-holding time of one rollout until one has finished (for Retry-After)."""
-
-DURATION_EMA_WEIGHT: Final = 0.2
-"""Weight of the newest rollout in the moving mean of slot-holding time."""
 
 
 class LocalBackend(ExecutionBackend):
@@ -116,7 +111,7 @@ class LocalBackend(ExecutionBackend):
                 f"max_queued must be an int >= 0, or None to queue without bound; "
                 f"got {max_queued!r}"
             )
-        self._max_queued = max_queued
+        self._admission = SlotAdmission(max_queued)
         limit = DEFAULT_MAX_CONCURRENT if config is None else config.concurrency.max_concurrent
         if limit is None and max_queued is not None:
             raise ValueError(
@@ -125,13 +120,11 @@ class LocalBackend(ExecutionBackend):
                 "max_concurrent, or drop max_queued"
             )
         self._limiter = ConcurrencyLimiter(limit)
-        self._reserved = 0
         self._files = RolloutFiles(
             default_artifact_root()
             if artifact_root is None
             else Path(artifact_root).expanduser().absolute()
         )
-        self._mean_duration_sec: float | None = None
 
     @property
     def max_concurrent(self) -> int | None:
@@ -141,7 +134,7 @@ class LocalBackend(ExecutionBackend):
     @property
     def max_queued(self) -> int | None:
         """The bound on waiting rollouts, or None."""
-        return self._max_queued
+        return self._admission.max_queued
 
     @property
     def artifact_root(self) -> Path:
@@ -153,24 +146,19 @@ class LocalBackend(ExecutionBackend):
     def has_capacity(self) -> bool:
         """False only when ``max_concurrent + max_queued`` rollouts are running, waiting
         for a slot, or admitted and about to start (reserved by :meth:`try_reserve`)."""
-        if self._max_queued is None:
-            return True
         limiter = self._limiter
-        assert limiter.max_concurrent is not None  # max_queued needs a limit
-        outstanding = limiter.running + limiter.queued + self._reserved
-        return outstanding < limiter.max_concurrent + self._max_queued
+        return self._admission.has_capacity(
+            limiter.running + limiter.queued, limiter.max_concurrent
+        )
 
     def try_reserve(self) -> bool:
         """Count one admitted rollout until it starts, if :meth:`has_capacity` allows it."""
-        if not self.has_capacity():
-            return False
-        self._reserved += 1
-        return True
+        limiter = self._limiter
+        return self._admission.try_reserve(limiter.running + limiter.queued, limiter.max_concurrent)
 
     def release_reservation(self) -> None:
         """The reserved rollout starts now (it takes its slot or its queue place at once)."""
-        if self._reserved > 0:
-            self._reserved -= 1
+        self._admission.release_reservation()
 
     def retry_after_sec(self) -> float:
         """How long a refused caller should wait: until the rollouts queued ahead of it
@@ -181,22 +169,13 @@ class LocalBackend(ExecutionBackend):
         rollouts held their slot, 5 s until one has finished. 1 s without a limit (which
         never refuses). The server rounds it up to whole seconds.
         """
-        slots = self._limiter.max_concurrent
-        if slots is None:
-            return 1.0
-        mean = (
-            DEFAULT_ROLLOUT_DURATION_SEC
-            if self._mean_duration_sec is None
-            else self._mean_duration_sec
-        )
-        waiting = self._limiter.queued + self._reserved
-        return min(60.0, max(1.0, (waiting + 1) * mean / slots))
+        return self._admission.retry_after_sec(self._limiter.queued, self._limiter.max_concurrent)
 
     def health(self) -> dict[str, Any]:
         """``{"status": "ok", "concurrency": {"max_concurrent", "queued", "running",
         "max_queued"}}``."""
         concurrency = self._limiter.snapshot()
-        concurrency["max_queued"] = self._max_queued
+        concurrency["max_queued"] = self._admission.max_queued
         return {"status": "ok", "concurrency": concurrency}
 
     async def shutdown(self) -> None:
@@ -283,7 +262,7 @@ class LocalBackend(ExecutionBackend):
         finally:
             self._limiter.release()
             if finished:
-                self._observe_duration(time.monotonic() - held_from)
+                self._admission.observe_duration(time.monotonic() - held_from)
 
     async def _acquire(self, run: RolloutRun) -> bool:
         """Take a slot; False when the agent deadline passed first (no slot is then held)."""
@@ -306,12 +285,6 @@ class LocalBackend(ExecutionBackend):
         finally:
             run.queued_sec = time.monotonic() - run.entered
             run.request.observer.observe_queue_wait(run.queued_sec)
-
-    def _observe_duration(self, seconds: float) -> None:
-        if self._mean_duration_sec is None:
-            self._mean_duration_sec = seconds
-        else:
-            self._mean_duration_sec += DURATION_EMA_WEIGHT * (seconds - self._mean_duration_sec)
 
     @staticmethod
     def _facts(
