@@ -25,8 +25,10 @@ class FakeLoopCpu:
         self._loop = loop
         self._busy_since: float | None = loop.time()
         self._spent = 0.0
+        self.reads = 0
 
     def __call__(self) -> float:
+        self.reads += 1
         if self._busy_since is None:
             return self._spent
         return self._spent + self._loop.time() - self._busy_since
@@ -206,3 +208,17 @@ class TestIdleLoop:
             await wait
         assert rollout.record.body is None
         rollout.finish(wait)
+
+
+class TestCpuClockReadings:
+    async def test_graces_started_together_share_one_reading_of_the_clock(self) -> None:
+        """Fifty polls that start their graces in the same loop turn read the loop thread's
+        CPU clock once between them (it is a system call), not once each."""
+        rollout = _Rollout()
+        rollout.registry.set_status(rollout.record, RolloutStatus.RUNNING)
+        before = rollout.cpu.reads
+        waits = [rollout.wait(3 * EVENT_SEC) for _ in range(50)]
+        assert rollout.cpu.reads - before <= 1
+        rollout.registry.publish(rollout.record, status=RolloutStatus.SUCCESS)
+        assert all(wait.done() for wait in waits)
+        rollout.finish(*waits)
