@@ -101,6 +101,7 @@ nox.options.sessions = [
     "integration",
     "interop",
     "ray",
+    "report_browser",
 ]
 
 
