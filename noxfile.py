@@ -102,6 +102,7 @@ nox.options.sessions = [
     "interop",
     "ray",
     "report_browser",
+    "floors",
 ]
 
 
@@ -411,8 +412,7 @@ def floors(session: nox.Session, distribution: str) -> None:
     given to ``uv pip install --resolution lowest-direct`` next to this checkout's wheels,
     so it resolves to its lower bound; the session checks that it did. The test toolchain
     is installed afterwards, constrained to those versions (the newest pytest-aiohttp that
-    works with the floor aiohttp, and so on). Python 3.11, the oldest supported. Not in
-    the default set: the three suites take about 3.5 minutes (the server's alone 2).
+    works with the floor aiohttp, and so on). Python 3.11, the oldest supported.
     """
     if session.venv_backend != "uv":
         session.error("the floors session needs uv (its --resolution lowest-direct)")
@@ -441,7 +441,7 @@ def floors(session: nox.Session, distribution: str) -> None:
         "utf-8",
     )
     session.install(*TEST_DEPS, *extra_test_deps, "--constraint", str(constraints))
-    run_pytest(session, f"packages/{distribution}/tests")
+    run_pytest(session, *PARALLEL, f"packages/{distribution}/tests")
 
 
 DIST_DIR = ROOT / "dist"
