@@ -54,9 +54,10 @@ TEST_DEPS = [
 ]
 PARALLEL = ["--numprocesses", "4"]
 """pytest-xdist options of the suites that wait far more than they compute (rollout-server's
-own tests and the interop matrix wait on timers, long polls and subprocess servers): four
-worker processes on a 2-core host take the server suite from about 113 s to 48 s. Posargs
-come after these, so ``-- -n 0`` runs one process (for ``-s`` or ``--pdb``)."""
+own tests, the floors suites and the interop matrix wait on timers, long polls and
+subprocess servers): four worker processes on a 2-core host take the server suite from
+about 113 s to 48 s. Posargs come after these, so ``-- -n 0`` runs one process (for ``-s``
+or ``--pdb``)."""
 MYPY = "mypy==2.4.1"
 ATIF_MODELS = "atif>=1.8,<1.9"
 """Pydantic models of ATIF, the format of the server's ``trajectory.json``: rollout-server's
