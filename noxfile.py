@@ -52,12 +52,13 @@ TEST_DEPS = [
     "pytest-xdist>=3.6",
     "hypothesis>=6.100",
 ]
-PARALLEL = ["--numprocesses", "4"]
+PARALLEL = ["--numprocesses", "2"]
 """pytest-xdist options of the suites that wait far more than they compute (rollout-server's
 own tests, the floors suites and the interop matrix wait on timers, long polls and
-subprocess servers): four worker processes on a 2-core host take the server suite from
-about 113 s to 48 s. Posargs come after these, so ``-- -n 0`` runs one process (for ``-s``
-or ``--pdb``)."""
+subprocess servers): two worker processes take the server suite from about 113 s to 64 s
+on a 2-core host (four took it to 48 s, but oversubscribed the cores, and a loaded machine
+is where a test's hidden timing assumption shows). Posargs come after these, so ``-- -n 0``
+runs one process (for ``-s`` or ``--pdb``)."""
 MYPY = "mypy==2.4.1"
 ATIF_MODELS = "atif>=1.8,<1.9"
 """Pydantic models of ATIF, the format of the server's ``trajectory.json``: rollout-server's
