@@ -244,13 +244,6 @@ class RayBackend(ExecutionBackend):
         """The Ray cluster's address once started (its GCS ``host:port``), else None."""
         return self._cluster_address
 
-    def worker_pids(self) -> list[int | None]:
-        """The process id of each pool position's live worker (None while it starts)."""
-        pool = self._pool
-        if pool is None:
-            return [None] * self._num_workers
-        return [None if w is None or not w.serving else w.info.get("pid") for w in pool.workers]
-
     # -- lifecycle --------------------------------------------------------------------
 
     async def startup(self) -> None:
@@ -334,7 +327,7 @@ class RayBackend(ExecutionBackend):
         pool = self._pool
         if pool is None:
             return 0, 0 if self._slots is not None else None
-        return pool.running + pool.queued, pool.capacity()
+        return pool.slots.running + pool.slots.queued, pool.slots.capacity()
 
     def has_capacity(self) -> bool:
         """False only when ``max_queued`` rollouts wait beyond the slots of the live
@@ -360,7 +353,7 @@ class RayBackend(ExecutionBackend):
         """
         pool = self._pool
         slots = None if self._slots is None else self._num_workers * self._slots
-        return self._admission.retry_after_sec(0 if pool is None else pool.queued, slots)
+        return self._admission.retry_after_sec(0 if pool is None else pool.slots.queued, slots)
 
     def health(self) -> dict[str, Any]:
         """``{"status", "concurrency": {...}, "ray": {...}}``.
@@ -377,16 +370,18 @@ class RayBackend(ExecutionBackend):
         slots = self._slots
         concurrency = {
             "max_concurrent": None if slots is None else self._num_workers * slots,
-            "queued": 0 if pool is None else pool.queued,
-            "running": 0 if pool is None else pool.running,
+            "queued": 0 if pool is None else pool.slots.queued,
+            "running": 0 if pool is None else pool.slots.running,
             "max_queued": self._admission.max_queued,
         }
         ray_fields: dict[str, Any] = {
             "address": self._cluster_address,
             "workers": self._num_workers,
-            "workers_alive": 0 if pool is None else pool.alive,
+            "workers_alive": 0 if pool is None else pool.slots.alive,
             "slots_per_worker": slots,
-            "free_slots": (0 if slots is not None else None) if pool is None else pool.free_slots(),
+            "free_slots": (0 if slots is not None else None)
+            if pool is None
+            else pool.slots.free_slots(),
             "lost": 0 if pool is None else pool.lost_count,
             "replaced": 0 if pool is None else pool.replacements,
             "pool": []
@@ -398,10 +393,10 @@ class RayBackend(ExecutionBackend):
         }
         if pool is None:
             status = "starting"
-        elif pool.alive == self._num_workers:
+        elif pool.slots.alive == self._num_workers:
             status = "ok"
         else:
-            status = "degraded" if pool.alive else "unavailable"
+            status = "degraded" if pool.slots.alive else "unavailable"
         return {"status": status, "concurrency": concurrency, "ray": ray_fields}
 
     # -- execution --------------------------------------------------------------------
@@ -431,11 +426,11 @@ class RayBackend(ExecutionBackend):
         timeout = request.agent_timeout_sec
         # The agent deadline on the loop's clock (time.monotonic() for asyncio and uvloop).
         deadline = None if timeout is None else loop.time() + (entered + timeout - time.monotonic())
-        worker = pool.take()
+        worker = pool.slots.take()
         if worker is None:
             request.on_status(RolloutStatus.QUEUED)
             with _tracing.phase_span("queue", request.id):
-                worker = await pool.acquire(deadline)
+                worker = await pool.slots.acquire(deadline)
         now = time.monotonic()
         request.observer.observe_queue_wait(now - entered)
         if worker is None:  # the agent deadline passed in the queue
