@@ -9,10 +9,11 @@ the staged shutdown (:mod:`rollout_server.protocol._shutdown`) once, and owns th
 observe the registry, the cancellations and every execution. It knows no HTTP: the routes
 (:mod:`rollout_server.http._routes`) and the app (:mod:`rollout_server.http._app`) sit on top of it.
 
-Admission asks the backend for room exactly once per admitted rollout, however many
-admissions run at once (see :mod:`rollout_server.execution._backend`): a backend with
-``try_reserve()`` holds a reservation until the rollout's execution starts; for a backend
-that only answers ``has_capacity()``, the server counts its own admitted-but-not-started
+Admission asks the backend's ``try_reserve()`` exactly once per admitted rollout, however
+many admissions run at once, and ends each reservation when the rollout's execution starts
+(see :mod:`rollout_server.execution._backend`). The backend's ``admission_mode`` says whether
+it counts those reservations (``"reservations"``) or only the work it has started
+(``"started_work"``); for the latter, the server counts its own admitted-but-not-started
 rollouts and lets a new admission ask only once none is left (:class:`_AdmissionTurns`).
 """
 
@@ -39,7 +40,7 @@ from rollout_types import (
 
 from .._logtext import get_logger
 from .._sanitize import fit_json
-from ..execution._backend import ExecutionBackend, ExecutionRequest
+from ..execution._backend import ExecutionBackend, ExecutionRequest, admission_mode_of
 from ..observability._observer import NO_OBSERVER, ExecutionObserver
 from ..observability._tracing import ServerTracing
 from ..state._record import RolloutRecord
@@ -94,16 +95,11 @@ class Refusal(enum.Enum):
     DUPLICATE = 409
 
 
-def _overrides(backend: ExecutionBackend, name: str) -> bool:
-    """Whether ``backend``'s class has its own ``name`` rather than the base class's."""
-    return getattr(type(backend), name, None) is not getattr(ExecutionBackend, name)
-
-
 class _AdmissionTurns:
-    """Admissions in arrival order, each asking a ``has_capacity()``-only backend only once
+    """Admissions in arrival order, each asking a ``"started_work"`` backend only once
     every rollout admitted before it has started (and so counts in the backend's answer).
 
-    Used only for backends without ``try_reserve()`` whose ``has_capacity()`` can refuse.
+    Used only for backends whose ``admission_mode`` is ``"started_work"``.
     Without contention an admission passes at once; otherwise it waits for its turn, which
     comes once the rollouts admitted before it have taken their first step (usually the
     next loop turn).
@@ -253,8 +249,7 @@ class RolloutServer:
         self._trace_scope: Callable[[RolloutRecord], contextlib.AbstractContextManager[None]] = (
             _not_traced if tracing is None else tracing.rollout_scope
         )
-        self._reserves = _overrides(backend, "try_reserve")
-        self._takes_turns = not self._reserves and _overrides(backend, "has_capacity")
+        self._takes_turns = admission_mode_of(backend) == "started_work"
         self._turns: _AdmissionTurns | None = None
         self._accepting = True
         self._side_tasks: set[asyncio.Task[Any]] = set()
@@ -300,12 +295,11 @@ class RolloutServer:
         if not self._accepting:
             return Refusal.SHUTTING_DOWN
         backend = self.backend
-        if not (backend.try_reserve() if self._reserves else backend.has_capacity()):
+        if not backend.try_reserve():
             return Refusal.QUEUE_FULL
         registry = self.registry
         if init.rollout_id in registry:
-            if self._reserves:
-                self._release_reservation()
+            self._release_reservation()
             return Refusal.DUPLICATE
         observer = self._observer
         trace_scope = self._trace_scope
@@ -346,7 +340,7 @@ class RolloutServer:
         try:
             _record, token = registry.register(init.rollout_id, start, admitted_at)
         except BaseException:
-            if not scheduled and self._reserves:
+            if not scheduled:
                 self._release_reservation()
             raise
         return token
@@ -355,8 +349,7 @@ class RolloutServer:
         """An admitted rollout starts (or never will): end its reservation or turn."""
         if self._turns is not None:
             self._turns.started()
-        if self._reserves:
-            self._release_reservation()
+        self._release_reservation()
 
     def _release_reservation(self) -> None:
         try:
