@@ -40,7 +40,7 @@ from rollout_types import (
 
 from .._logtext import get_logger
 from .._sanitize import fit_json
-from ..execution._backend import ExecutionBackend, ExecutionRequest, admission_mode_of
+from ..execution._backend import ExecutionBackend, admission_mode_of, request_from_init
 from ..observability._observer import NO_OBSERVER, ExecutionObserver
 from ..observability._tracing import ServerTracing
 from ..state._record import RolloutRecord
@@ -307,17 +307,8 @@ class RolloutServer:
         scheduled = False
 
         def start(record: RolloutRecord) -> asyncio.Task[Any]:
-            request = ExecutionRequest(
-                id=init.rollout_id,
-                prompt=init.initial_messages,
-                chat_completions_url=init.chat_completions_url,
-                llm_api_key=init.llm_api_key,
-                label=init.label,
-                metadata=init.metadata,
-                grade=init.grade,
-                agent_timeout_sec=init.agent_timeout_sec,
-                grader_timeout_sec=init.grader_timeout_sec,
-                request_extra_fields=init.extra_fields,
+            request = request_from_init(
+                init,
                 admitted_at=admitted_at,
                 on_status=StatusSink(registry, record),
                 observer=observer,

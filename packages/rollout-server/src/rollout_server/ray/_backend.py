@@ -43,9 +43,10 @@ from ..execution._local_backend import LocalBackend
 from ..execution._phases import Phase, RolloutRun, timed_out
 from ..execution._slot_backend import SlotBackend
 from ..execution._workflow import AgentWorkflow, AgentWorkflowConfig
+from ._codec import decode_outcome
 from ._dispatch import PoolWorker, RolloutLostError, ServerDeadlineError
 from ._pool import WorkerPool
-from ._worker import CANCELLED, RolloutWorker, WorkerSpec, decode_outcome
+from ._worker import CANCELLED, RolloutWorker, WorkerSpec
 
 __all__ = ["RayBackend"]
 

@@ -38,6 +38,7 @@ from rollout_types import RolloutStatus
 
 from .._logtext import get_logger
 from ..execution._backend import ExecutionRequest
+from ._codec import encode_request
 from ._dispatch import (
     Dispatch,
     PoolWorker,
@@ -49,7 +50,7 @@ from ._dispatch import (
     when_done,
 )
 from ._slots import WorkerSlots
-from ._worker import WorkerSpec, encode_request
+from ._worker import WorkerSpec
 
 __all__ = ["WorkerPool"]
 
