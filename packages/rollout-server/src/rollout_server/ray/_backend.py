@@ -216,6 +216,7 @@ class RayBackend(SlotBackend[PoolWorker]):
         self._pool: WorkerPool | None = None
         self._starting: asyncio.Future[WorkerPool] | None = None
         self._owns_ray = False
+        self._address_used: str | None = None
         self._cluster_address: str | None = None
 
     # -- properties -------------------------------------------------------------------
@@ -265,6 +266,7 @@ class RayBackend(SlotBackend[PoolWorker]):
         if not ray.is_initialized():
             ray.init(address=address, **self._init_options)
             self._owns_ray = True
+            self._address_used = address
         self._cluster_address = ray.get_runtime_context().gcs_address
         pool = WorkerPool(
             remote_class=ray.remote(RolloutWorker),
@@ -308,8 +310,16 @@ class RayBackend(SlotBackend[PoolWorker]):
         if self._owns_ray:
             import ray
 
+            logger.info(
+                "RayBackend: %s at %s",
+                "stopping the local Ray cluster it started"
+                if self._address_used == "local"
+                else "disconnecting from the Ray cluster",
+                self._cluster_address,
+            )
             ray.shutdown()
             self._owns_ray = False
+        logger.info("RayBackend: shutdown complete")
 
     # -- slots (SlotBackend) ----------------------------------------------------------
 

@@ -151,6 +151,13 @@ class WorkerPool:
         workers = [worker for worker in self.workers if worker is not None]
         live = [worker for worker in workers if worker.serving]
         if live:
+            logger.info(
+                "RayBackend: waiting up to %gs for %d rollout(s) and the file writes on %d "
+                "worker(s)",
+                drain_sec,
+                sum(len(worker.inflight) for worker in live),
+                len(live),
+            )
             calls = [
                 asyncio.wrap_future(worker.handle.shutdown.remote().future()) for worker in live
             ]
@@ -159,6 +166,14 @@ class WorkerPool:
                 call.add_done_callback(consume)
             for call in pending:
                 call.cancel()
+            if pending:
+                logger.warning(
+                    "RayBackend: %d worker(s) did not finish within %gs; stopping them anyway",
+                    len(pending),
+                    drain_sec,
+                )
+        if workers:
+            logger.info("RayBackend: stopping %d worker(s)", len(workers))
         for worker in workers:
             self._lose(worker, "the rollout server shut the pool down", replace=False)
         self.slots.close()
