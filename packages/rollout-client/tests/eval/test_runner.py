@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -368,6 +369,35 @@ class TestStop:
         assert len(server.requests) == 2
         assert read_journal(report.run_dir / "events.jsonl") == []
         assert report.summary["items"]["pending"] == 5
+        assert report.summary["by_outcome"]["cancelled"] == 2
+        assert report.summary["by_outcome"]["not_started"] == 3
+        assert re.search(r"^  cancelled +2$", report.summary_text, re.MULTILINE)
+
+    async def test_the_stop_rule_counts_the_rollouts_it_cancelled(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Rollouts in flight when consecutive infrastructure failures stop the run count as
+        cancelled in the summary, not as not_started."""
+
+        async def behave(
+            request: dict[str, Any], cancelled: asyncio.Event
+        ) -> RolloutResultResponse:
+            if request["label"] in ("0", "1"):
+                raise aiohttp.ClientConnectionError("connection refused")
+            return await fakes.until_cancelled(request, cancelled)
+
+        server = fakes.FakeServer(behave)
+        async with asyncio.timeout(10):
+            report = await run_eval(
+                options(dataset, tmp_path, concurrency=3, max_consecutive_infra_failures=2),
+                stream=io.StringIO(),
+                client_factory=server.factory,
+            )
+        outcomes = report.summary["by_outcome"]
+        assert outcomes["infra_failure"] == 2
+        assert outcomes["cancelled"] == len(server.cancel_requests) > 0
+        assert outcomes["cancelled"] + outcomes["not_started"] == 3
+        assert report.summary["items"]["pending"] == 5
 
     async def test_a_stop_during_a_drain_cancels_what_is_collected(
         self, fakes: Any, dataset: Path, tmp_path: Path
@@ -450,6 +480,7 @@ class TestStop:
         assert report.exit_code == 130
         assert server.requests == []
         assert read_journal(report.run_dir / "events.jsonl") == []
+        assert report.summary["by_outcome"]["cancelled"] == 3  # the default concurrency
 
     async def test_item_deadline_cancels_and_records_infra_failure(
         self, fakes: Any, dataset: Path, tmp_path: Path

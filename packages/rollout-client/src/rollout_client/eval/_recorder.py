@@ -79,6 +79,8 @@ class Recorder:
         self.pass_threshold = pass_threshold
         self.max_consecutive_infra_failures = max_consecutive_infra_failures
         self.consecutive_infra = 0
+        self.recorded_items: set[Item] = set()
+        """The items this run appended a journal record for."""
 
     def record(
         self,
@@ -114,6 +116,7 @@ class Recorder:
             latency_sec=latency_sec,
         )
         self.journal.append(record)
+        self.recorded_items.add(item)
         if result is not None and result.sample is not None:
             self._write_sample(record, result)
         passed = passes(outcome, classified.reward, self.pass_threshold)

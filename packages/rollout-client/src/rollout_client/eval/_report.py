@@ -73,6 +73,7 @@ OUTCOME_SERIES: Final = {
     "failed": Series(name="failed", color="#d55e00"),
     "skipped": Series(name="skipped", color="#8c8c8c"),
     "infra_failure": Series(name="infra_failure", color="#9c4f96"),
+    "cancelled": Series(name="cancelled", color="#56b4e9"),
     "not_started": Series(name="not_started", color="#d5d9de"),
 }
 """Colours of the outcomes (from the Okabe-Ito palette, distinguishable with colour blindness)."""
@@ -165,6 +166,7 @@ dl.run dd { margin: 0; overflow-wrap: anywhere; }
   color: #fff; white-space: nowrap; }
 .badge.success { background: #0b8a5f; } .badge.failed { background: #d55e00; }
 .badge.skipped { background: #8c8c8c; } .badge.infra_failure { background: #9c4f96; }
+.badge.cancelled { background: #56b4e9; color: var(--ink); }
 .badge.not_started { background: #d5d9de; color: var(--ink); }
 .category { margin-bottom: 14px; }
 table.messages td.num { width: 4em; font-weight: 600; }

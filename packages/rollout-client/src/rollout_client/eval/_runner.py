@@ -49,7 +49,7 @@ from ._rundir import (
     run_manifest,
 )
 from ._scheduler import Scheduler
-from ._summary import format_summary, summarize, write_summary
+from ._summary import build_summary, format_summary, write_summary
 
 __all__ = ["EvalReport", "run_eval"]
 
@@ -177,8 +177,9 @@ async def _run_eval(
                 f"rollout-eval: resuming run {options.run_name!r}: {len(done_before)} of "
                 f"{len(items)} items done, {len(pending)} to run\n"
             )
+        cancelled: frozenset[tuple[int, int]] = frozenset()
         if pending:
-            concurrency = await _run_pending(
+            concurrency, cancelled = await _run_pending(
                 options=options,
                 dataset=dataset,
                 journal=journal,
@@ -193,8 +194,13 @@ async def _run_eval(
             progress.close()
         records = list(journal.records)
     run_info["stopped"] = control.reason
-    summary = summarize(
-        records, items=items, n=options.n, pass_threshold=options.pass_threshold, run=run_info
+    summary = build_summary(
+        records,
+        items=items,
+        n=options.n,
+        pass_threshold=options.pass_threshold,
+        run=run_info,
+        cancelled=cancelled,
     )
     text = _write_reports(run_dir, summary)
     if control.interrupted:
@@ -270,9 +276,9 @@ async def _run_pending(
     pending: list[tuple[int, int]],
     run_dir: Path,
     healths: list[dict[str, Any]] | None,
-) -> int:
+) -> tuple[int, frozenset[tuple[int, int]]]:
     """Schedule the pending items (probing the servers first unless ``healths`` holds their
-    ``/health`` answers); return the concurrency used."""
+    ``/health`` answers); return the concurrency used and the items the run cancelled."""
     urls = options.server_urls
     if healths is None:
         healths = await probe_servers(factory, options)
@@ -327,4 +333,4 @@ async def _run_pending(
             await scheduler.close()
         finally:
             await client.aclose()
-    return concurrency
+    return concurrency, scheduler.cancelled_items()
