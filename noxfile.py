@@ -8,7 +8,6 @@ Python, which is how "install only the client" and "install only the server" sta
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -19,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import nox
+from nox.logger import logger as nox_logger
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -38,6 +38,7 @@ from compatibility import (
     rebuild_release_wheels,
     wheel_version,
 )
+from interpreters import find_interpreters, install_hint, pyenv_root
 
 PYTHONS = ["3.11", "3.12", "3.13"]
 # The test toolchain, with the lower bounds the configuration needs: pytest-asyncio (which
@@ -70,29 +71,42 @@ LINT_PATHS = ["packages", "tests", "noxfile.py", "run.py", "tools", "examples", 
 
 
 def _expose_pyenv_interpreters() -> None:
-    """Put pyenv's 3.11/3.12/3.13 ``bin`` folders on PATH so ``python3.X`` resolves.
+    """Put pyenv's 3.11/3.12/3.13 ``bin`` folders on PATH so ``python3.X`` resolves, and warn
+    at once about a version found nowhere (which sessions it costs, and how to install it).
 
     pyenv shims only resolve a version named in ``PYENV_VERSION``; nox should find the
     interpreters without manual set-up, so point at the installed versions directly.
     """
-    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-    dirs: list[str] = []
-    for minor in PYTHONS:
-        candidates = sorted(glob.glob(str(pyenv_root / "versions" / f"{minor}.*" / "bin")))
-        if candidates:
-            dirs.append(candidates[-1])
-    if dirs:
-        os.environ["PATH"] = os.pathsep.join([*dirs, os.environ.get("PATH", "")])
+    found = find_interpreters(PYTHONS, path=os.environ.get("PATH", ""), pyenv_root=pyenv_root())
+    if found.pyenv_bins:
+        os.environ["PATH"] = os.pathsep.join([*found.pyenv_bins, os.environ.get("PATH", "")])
     # uv must use these interpreters, never download one (the network reaches PyPI only).
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
     os.environ.setdefault("UV_PYTHON_PREFERENCE", "only-system")
+    if found.missing:
+        outcome = "fail (CI)" if MISSING_INTERPRETERS_FAIL else "be skipped"
+        versions = ", ".join(found.missing)
+        nox_logger.warning(
+            f"Python {versions} not found (on PATH or under {pyenv_root()}/versions): the "
+            f"sessions on {versions} will {outcome}; {install_hint(found.missing)}"
+        )
 
+
+MISSING_INTERPRETERS_FAIL = "CI" in os.environ
+"""Whether a session whose Python is missing fails (on CI: every check must run there) or is
+skipped (elsewhere: the others still run, and ``run.py`` lists the skipped ones at the end
+and exits non-zero). ``--error-on-missing-interpreters`` makes it fail anywhere."""
 
 _expose_pyenv_interpreters()
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.error_on_missing_interpreters = True
+nox.options.error_on_missing_interpreters = MISSING_INTERPRETERS_FAIL
+if hasattr(nox.options, "download_python"):
+    # Newer nox would otherwise ask uv to download a missing Python, which the
+    # UV_PYTHON_DOWNLOADS=never above refuses with a hint about uv's own settings: say
+    # "not found" instead (the warning above says how to install it).
+    nox.options.download_python = "never"
 nox.options.sessions = [
     "lint",
     "typecheck",
@@ -247,6 +261,7 @@ def typecheck(session: nox.Session) -> None:
         "packages/rollout-server/src/rollout_server",
         "tests/typing",
         "tools/compatibility.py",
+        "tools/interpreters.py",
         "tools/devprocs.py",
         "tools/demo.py",
         "noxfile.py",
