@@ -189,8 +189,11 @@ SOURCE_DIRS = [str(PACKAGES[name] / "src") for name in PACKAGES]
 
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check over the whole tree, then ``lint-imports``: the
-    layers written as contracts in pyproject.toml's ``[tool.importlinter]``."""
+    """ruff check, ruff format --check and the import-linter contracts over the whole tree.
+
+    ``lint-imports`` checks the layers written as contracts in pyproject.toml's
+    ``[tool.importlinter]``.
+    """
     session.install(*LINT_DEPS)
     session.run("ruff", "check", *LINT_PATHS)
     session.run("ruff", "format", "--check", *LINT_PATHS)
@@ -243,8 +246,11 @@ def unclassified_server_modules() -> list[str]:
 
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the packages, the typing file, the dev tools' shared modules
-    (compatibility table, process handling, demo) and the noxfile."""
+    """mypy --strict over the packages, the typing file, the dev tools and the noxfile.
+
+    The dev tools checked are the shared modules: the compatibility table, the interpreter
+    finder, process handling and the demo.
+    """
     session.install(MYPY, "nox>=2024.10", *TEST_DEPS, "uvloop")
     session.install(
         "-e",
@@ -287,8 +293,7 @@ def tests_client(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS)
 def tests_server(session: nox.Session) -> None:
-    """rollout-server's own tests, with only rollout-server (and its ``[otel]`` extra) and
-    rollout-types installed."""
+    """rollout-server's own tests, with only rollout-server[otel] and rollout-types installed."""
     install_wheels(session, "rollout-types", "rollout-server", extras=TEST_EXTRAS)
     session.install(*TEST_DEPS, ATIF_MODELS)
     run_pytest(session, *PARALLEL, "packages/rollout-server/tests")
@@ -296,8 +301,11 @@ def tests_server(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def integration(session: nox.Session) -> None:
-    """Cross-package tests (client against server, the eval job, the demo) from wheels, and
-    the benchmark harness's smoke test (tiny counts, times nothing)."""
+    """Cross-package tests from wheels: client against server, the eval job, the demo.
+
+    Also the dev tools' tests and the benchmark harness's smoke test (tiny counts, times
+    nothing).
+    """
     install_wheels(
         session,
         "rollout-types",
@@ -542,7 +550,7 @@ def bench(session: nox.Session) -> None:
     Ours is installed from wheels of this checkout into the session's venv, osmosis-ai
     0.3.8 and uvicorn from PyPI into a second venv on the same Python. Results (JSON lines
     and a markdown table) go to ``bench-results/``. ``nox -s bench`` runs the full suite
-    (about 10 minutes, best on an otherwise idle machine); ``nox -s bench -- --quick`` is a
+    (about 15 minutes, best on an otherwise idle machine); ``nox -s bench -- --quick`` is a
     smoke run of about a minute; ``-- --workload throughput`` (repeatable) runs a subset;
     ``-- --help`` lists every option.
     """
@@ -553,11 +561,13 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python="3.12")
 def bench_ray(session: nox.Session) -> None:
-    """RayBackend against LocalBackend (not in the default set): overhead per no-op rollout,
-    scaling of a CPU-bound workflow over 1 and 2 workers, long-poll responsiveness while
-    workers compute, and recovery from SIGKILL of a worker (``benchmarks/ray_bench.py``;
-    a few minutes, best on an otherwise idle machine). Posargs go to the module
-    (``-- --help``)."""
+    """Benchmarks of RayBackend against LocalBackend (not in the default set).
+
+    Overhead per no-op rollout, scaling of a CPU-bound workflow over 1 and 2 workers,
+    long-poll responsiveness while workers compute, and recovery from SIGKILL of a worker
+    (``benchmarks/ray_bench.py``; a few minutes, best on an otherwise idle machine).
+    Posargs go to the module (``-- --help``).
+    """
     install_wheels(
         session,
         "rollout-types",
@@ -687,7 +697,7 @@ def run_matrix(
 
 @nox.session(python=PEER_PYTHON)
 def interop(session: nox.Session) -> None:
-    """The quick part of the matrix (CI): this checkout against itself, osmosis-ai and releases.
+    """The quick part of the compatibility matrix (in CI): checkout, osmosis-ai, releases.
 
     Pairs marked ``quick`` in :func:`compat_table` (checkout against itself, both
     osmosis-ai 0.3.8 directions, osmosis-ai 0.3.2 failing fast both ways, and the newest
