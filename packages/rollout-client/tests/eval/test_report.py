@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from rollout_client.eval import EvalInputError, EvalOptions, run_eval, write_report
-from rollout_client.eval import _report_data as report_data
 from rollout_client.eval._cli import main
-from rollout_client.eval._report import find_run_dir, render_report
-from rollout_client.eval._report_charts import equal_bins, share_bar, y_scale
-from rollout_client.eval._report_data import clip_conversation, load_run
+from rollout_client.eval.report import _data as report_data
+from rollout_client.eval.report import find_run_dir, render_report
+from rollout_client.eval.report._charts import equal_bins, share_bar, y_scale
+from rollout_client.eval.report._data import clip_conversation, load_run
 from rollout_types import RolloutResultResponse, RolloutSample
 
 SCRIPT = '<script>alert("pwned")</script>'
@@ -317,7 +317,7 @@ class TestCharts:
 
     def test_share_bar_describes_its_parts(self) -> None:
         """The share bar's description lists each non-empty part with its share."""
-        from rollout_client.eval._report import OUTCOME_SERIES
+        from rollout_client.eval.report._markup import OUTCOME_SERIES
 
         svg = share_bar(
             chart_id="c",

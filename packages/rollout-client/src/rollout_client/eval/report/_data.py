@@ -28,12 +28,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from ._dataset import parse_row_selection
-from ._errors import EvalInputError
-from ._failures import FAILED_OUTCOMES
-from ._journal import JournalRecord, latest_by_item, read_journal
-from ._manifest import Manifest, read_manifest
-from ._summary import summarize
+from .._dataset import parse_row_selection
+from .._errors import EvalInputError
+from .._failures import FAILED_OUTCOMES
+from .._journal import JournalRecord, latest_by_item, read_journal
+from .._manifest import Manifest, read_manifest
+from .._summary import summarize
 
 __all__ = [
     "CONVERSATION_BUDGET_CHARS",
