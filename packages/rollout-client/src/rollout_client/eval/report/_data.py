@@ -279,7 +279,9 @@ def _conversations(
 ) -> dict[Key, Conversation]:
     path = run_dir / "samples.jsonl"
     if not path.exists():
-        if records:
+        # Only a server's result carries a sample: a run whose rollouts all failed before
+        # one answered (status None) has no samples.jsonl, and nothing is missing.
+        if any(record.status is not None for record in records.values()):
             notes.append("samples.jsonl is missing: no conversations to show")
         return {}
     wanted = {record.rollout_id: key for key, record in records.items()}

@@ -9,12 +9,13 @@ from typing import Any, Final
 
 from ._charts import Bar, Series, bar_chart, equal_bins, format_number, histogram, share_bar
 from ._data import RunData
-from ._markup import OUTCOME_SERIES, esc, fixed, percent
+from ._markup import OUTCOME_SERIES, count_items, esc, fixed, percent
 
 __all__ = ["MAX_DISCRETE_REWARDS", "charts", "outcome_share"]
 
 MAX_DISCRETE_REWARDS: Final = 10
 """Rewards with at most this many distinct values get one bar per value, not bins."""
+
 
 def outcome_share(summary: Mapping[str, Any]) -> str:
     parts = [
@@ -106,7 +107,16 @@ def _latency_chart(data: RunData) -> str:
         if record.outcome in names and record.latency_sec is not None
     ]
     if not values:
-        return '<p class="empty-chart">No latencies recorded yet.</p>'
+        unscored = sum(
+            1
+            for record in data.final_records
+            if record.outcome not in names and record.latency_sec is not None
+        )
+        return '<p class="empty-chart">No scored or skipped item has a latency yet' + (
+            f"; the time to failure of {count_items(unscored)} is in the items table.</p>"
+            if unscored
+            else ".</p>"
+        )
     latency = data.summary["latency_sec"]
     bins = equal_bins([value for value, _ in values])
     markers = [(q, latency[q]) for q in ("p50", "p95", "p99") if latency[q] is not None]
@@ -128,10 +138,14 @@ def _latency_chart(data: RunData) -> str:
 def _pass_at_k_chart(summary: Mapping[str, Any]) -> str:
     pass_at_k = summary.get("pass_at_k")
     if not pass_at_k:
+        rate = summary["pass"]["rate"]
         return (
             '<p class="empty-chart">pass@k needs several runs per row (rollout-eval run --n K); '
-            "this run has one: pass@1 is the pass rate, "
-            f"{esc(percent(summary['pass']['rate']))}.</p>"
+            + (
+                "this run has one, and no item was scored, so there is no pass rate either.</p>"
+                if rate is None
+                else f"this run has one: pass@1 is the pass rate, {esc(percent(rate))}.</p>"
+            )
         )
     bars = [
         Bar(

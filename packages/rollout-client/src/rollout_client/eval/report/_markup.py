@@ -38,6 +38,7 @@ OUTCOME_SERIES: Final = {
 }
 """Colours of the outcomes (from the Okabe-Ito palette, distinguishable with colour blindness)."""
 
+
 def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 

@@ -52,6 +52,7 @@ MAX_MESSAGES_PER_CATEGORY: Final = 10
 MAX_LINKED_ITEMS: Final = 20
 """Items linked per message in the failures section."""
 
+
 def cards(summary: Mapping[str, Any]) -> str:
     items = summary["items"]
     passing = summary["pass"]
