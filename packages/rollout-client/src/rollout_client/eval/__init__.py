@@ -21,9 +21,9 @@ from ._errors import (
 from ._journal import Journal, JournalRecord, read_journal
 from ._options import EvalOptions
 from ._outcomes import classify_result
-from ._report import write_report
 from ._runner import EvalReport, run_eval
 from ._summary import format_summary, summarize
+from .report import write_report
 
 __all__ = [
     "Dataset",
