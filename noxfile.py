@@ -240,7 +240,7 @@ def unclassified_server_modules() -> list[str]:
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over the packages, the typing file, the dev tools' shared modules
-    (compatibility table, process handling, demo) and the noxfile."""
+    (compatibility table, process handling, demo, public surface) and the noxfile."""
     session.install(MYPY, "nox>=2024.10", *TEST_DEPS, "uvloop")
     session.install(
         "-e",
@@ -259,6 +259,7 @@ def typecheck(session: nox.Session) -> None:
         "tools/compatibility.py",
         "tools/devprocs.py",
         "tools/demo.py",
+        "tools/public_surface.py",
         "noxfile.py",
     )
 
