@@ -61,7 +61,7 @@ class RolloutHandle:
 
     @property
     def status(self) -> RolloutStatus | str:
-        """The latest observed status: the admission's (``queued``) until the first poll.
+        """The latest observed status; the admission's (``queued``) until the first poll.
 
         A status this client does not know (from a newer server) is kept as the raw string.
         """

@@ -344,7 +344,7 @@ class RolloutClientPool(RolloutApi):
         :meth:`RolloutClient.cancel_rollout`: bounded to 5 s, never retried).
 
         The pool knows the server of every rollout it has in flight and of the last
-        10,000 (:data:`ENDED_ROUTES_KEPT`) that ended.
+        10,000 (``ENDED_ROUTES_KEPT``) that ended.
 
         Raises:
             RolloutNotFoundError: This pool did not admit ``rollout_id`` (or forgot it).

@@ -1,7 +1,7 @@
 """``rollout-eval``: evaluate a dataset through a rollout server with ``RolloutClient``.
 
-The command is :func:`rollout_client.eval._cli.main`; :func:`run_eval` is the same job as a
-coroutine for programs that drive it themselves.
+The command is ``rollout-eval`` (or ``python -m rollout_client.eval``); :func:`run_eval` is
+the same job as a coroutine for programs that drive it themselves.
 """
 
 from __future__ import annotations
