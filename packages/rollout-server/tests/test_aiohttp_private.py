@@ -2,7 +2,7 @@
 
 If one of these fails after an aiohttp upgrade, that release renamed or dropped an attribute:
 the server still works (the code there is a no-op without it) but loses what it bought; find
-the new attribute and update :mod:`rollout_server._aiohttp_private`.
+the new attribute and update :mod:`rollout_server.http._aiohttp_private`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import StreamReader, web, web_protocol
 
-from rollout_server._aiohttp_private import (
+from rollout_server.http._aiohttp_private import (
     KEEPALIVE_HANDLE,
     MAKE_HANDLER,
     PRIVATE_ATTRIBUTES,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rollout_server import ExecutionOutcome, ExecutionResult, Sample
-from rollout_server._deadlines import due_at
+from rollout_server.state._deadlines import due_at
 from rollout_types import (
     LEASE_HEADER,
     RolloutErrorCategory,

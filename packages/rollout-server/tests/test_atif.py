@@ -24,8 +24,8 @@ from rollout_server import (
     Sample,
     WorkflowContext,
 )
-from rollout_server._atif import ATIF_SCHEMA_VERSION, build_trajectory, conversation_steps
-from rollout_server._trajectory import encode_document
+from rollout_server.execution._atif import ATIF_SCHEMA_VERSION, build_trajectory, conversation_steps
+from rollout_server.execution._trajectory import encode_document
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
 WAIT_SEC = 5.0

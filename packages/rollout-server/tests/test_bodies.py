@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_server._bodies import detail_body, encode, encode_json, progress_body, result_body
+from rollout_server.state._bodies import (
+    detail_body,
+    encode,
+    encode_json,
+    progress_body,
+    result_body,
+)
 from rollout_types import (
     RolloutErrorCategory,
     RolloutResultResponse,

@@ -22,7 +22,7 @@ from aiohttp import web
 
 import rollout_server
 from rollout_server import ROLLOUT_SERVER_KEY, ServerConfigError, ServeTargetError
-from rollout_server._cli import (
+from rollout_server.cli._cli import (
     GC_YOUNG_THRESHOLD,
     LISTEN_BACKLOG,
     build_app,

@@ -14,14 +14,14 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from rollout_server import ROLLOUT_SERVER_KEY, ExecutionBackend, create_rollout_server
-from rollout_server._cancellation import Cancellation
-from rollout_server._deadlines import DeadlineQueue, due_at
-from rollout_server._middleware import make_protocol_middleware
-from rollout_server._record import ResultFields, RolloutRecord
-from rollout_server._registry import TOKEN_BYTES, RolloutRegistry
-from rollout_server._routes import Routes
-from rollout_server._shutdown import ShutdownTarget, ShutdownTimeouts, run_staged_shutdown
-from rollout_server._waiting import LongPollWaits
+from rollout_server.http._middleware import make_protocol_middleware
+from rollout_server.http._routes import Routes
+from rollout_server.protocol._cancellation import Cancellation
+from rollout_server.protocol._shutdown import ShutdownTarget, ShutdownTimeouts, run_staged_shutdown
+from rollout_server.state._deadlines import DeadlineQueue, due_at
+from rollout_server.state._record import ResultFields, RolloutRecord
+from rollout_server.state._registry import TOKEN_BYTES, RolloutRegistry
+from rollout_server.state._waiting import LongPollWaits
 from rollout_types import (
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_HEADER,

@@ -14,16 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from rollout_server import _deadlines, _offload
-from rollout_server._deadlines import DeadlineQueue, pending_argument
-from rollout_server._logsink import TurnBufferedStreamHandler
-from rollout_server._offload import BatchOffloader
-from rollout_server._trajectory import (
+from rollout_server.cli._logsink import TurnBufferedStreamHandler
+from rollout_server.execution import _offload
+from rollout_server.execution._offload import BatchOffloader
+from rollout_server.execution._trajectory import (
     encode_document,
     make_directory,
     write_json_atomic,
     write_rollout_files,
 )
+from rollout_server.state import _deadlines
+from rollout_server.state._deadlines import DeadlineQueue, pending_argument
 
 WAIT_SEC = 5.0
 
@@ -319,7 +320,7 @@ class TestFileWrites:
         succeeds and leaves the leftover alone."""
         import itertools
 
-        from rollout_server import _trajectory as trajectory
+        from rollout_server.execution import _trajectory as trajectory
 
         monkeypatch.setattr(trajectory, "_TEMP_SEQUENCE", itertools.count(7))
         leftover = tmp_path / f".doc.json.{os.getpid()}.7.tmp"

@@ -18,12 +18,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from rollout_server._aiohttp_private import pause_keepalive_timer
-from rollout_server._lazydir import LazyDirectory
-from rollout_server._middleware import make_protocol_middleware, self_guarded
-from rollout_server._record import RolloutRecord
-from rollout_server._registry import RolloutRegistry
-from rollout_server._responses import json_response
+from rollout_server.execution._lazydir import LazyDirectory
+from rollout_server.http._aiohttp_private import pause_keepalive_timer
+from rollout_server.http._middleware import make_protocol_middleware, self_guarded
+from rollout_server.http._responses import json_response
+from rollout_server.state._record import RolloutRecord
+from rollout_server.state._registry import RolloutRegistry
 from rollout_types import PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER, RolloutStatus
 
 EVENT_SEC = 10.0

@@ -15,8 +15,8 @@ from rollout_server import (
     ServeTargetError,
     create_rollout_server,
 )
-from rollout_server._cli import build_app, build_parser, main
-from rollout_server._jsonlog import JsonFormatter, log_fields
+from rollout_server.cli._cli import build_app, build_parser, main
+from rollout_server.observability._jsonlog import JsonFormatter, log_fields
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rollout_server import GraderContext, WorkflowContext
-from rollout_server._lazydir import LazyDirectory, resolve_directory
+from rollout_server.execution._lazydir import LazyDirectory, resolve_directory
 
 
 class TestLazyDirectory:

@@ -32,8 +32,8 @@ from rollout_server import (
     current_rollout_context,
     get_rollout_context,
 )
-from rollout_server import _trajectory as trajectory_module
-from rollout_server._context import bind_rollout_context
+from rollout_server.execution import _trajectory as trajectory_module
+from rollout_server.execution._context import bind_rollout_context
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
 WAIT_SEC = 5.0

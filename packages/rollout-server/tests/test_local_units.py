@@ -33,10 +33,10 @@ from rollout_server import (
     current_rollout_context,
     get_rollout_context,
 )
-from rollout_server._context import bind_rollout_context
-from rollout_server._imports import resolve_import_string
-from rollout_server._limiter import ConcurrencyLimiter
-from rollout_server._trajectory import (
+from rollout_server.execution._context import bind_rollout_context
+from rollout_server.execution._imports import resolve_import_string
+from rollout_server.execution._limiter import ConcurrencyLimiter
+from rollout_server.execution._trajectory import (
     RolloutFacts,
     RolloutFiles,
     default_artifact_root,
@@ -605,7 +605,7 @@ class TestCopies:
     def test_json_values_are_copied_deeply(self) -> None:
         """Nested dicts and lists are new objects with equal content; scalars are kept;
         other objects inside are deep-copied."""
-        from rollout_server._copying import copy_json
+        from rollout_server.execution._copying import copy_json
 
         class Box:
             def __init__(self) -> None:
@@ -626,7 +626,7 @@ class TestCopies:
         something that cannot be copied gets a shallow snapshot."""
         import threading
 
-        from rollout_server._copying import snapshot_messages
+        from rollout_server.execution._copying import snapshot_messages
 
         cyclic: dict[str, Any] = {"role": "user"}
         cyclic["self"] = cyclic

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from rollout_server._deadlines import FIRE_SLACK_SEC
-from rollout_server._registry import RolloutRegistry
+from rollout_server.state._deadlines import FIRE_SLACK_SEC
+from rollout_server.state._registry import RolloutRegistry
 from rollout_types import RolloutStatus
 
 EVENT_SEC = 10.0

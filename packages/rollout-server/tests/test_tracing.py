@@ -32,8 +32,8 @@ from rollout_server import (
     WorkflowContext,
     get_rollout_context,
 )
-from rollout_server._jsonlog import JsonFormatter
-from rollout_server._tracing import provider_from_environment
+from rollout_server.observability._jsonlog import JsonFormatter
+from rollout_server.observability._tracing import provider_from_environment
 
 CALLER_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN_ID = "00f067aa0ba902b7"

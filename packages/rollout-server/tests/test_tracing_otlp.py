@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from rollout_server._tracing import provider_from_environment
+from rollout_server.observability._tracing import provider_from_environment
 from rollout_types import LEASE_HEADER
 
 COMMAND_LOOP_ONLY = True

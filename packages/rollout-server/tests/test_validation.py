@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rollout_server._validation import header_error, too_deep_error, unencodable_id_error
+from rollout_server.http._validation import header_error, too_deep_error, unencodable_id_error
 from rollout_types import LEASE_HEADER, REDACTED
 
 GOLDEN = Path(__file__).resolve().parents[2] / "rollout-types" / "tests" / "data" / "golden"

@@ -3,41 +3,44 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
-from ._app import ROLLOUT_SERVER_KEY, create_rollout_server
-from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
-from ._categorize import categorize_exception
-from ._context import (
-    RolloutContext,
-    SampleSource,
-    current_rollout_context,
-    get_rollout_context,
-)
 from ._errors import (
     ModelEndpointError,
     RolloutServerError,
     ServerConfigError,
     ServeTargetError,
 )
-from ._grader import Grader, GraderConfig, GraderContext
-from ._local_backend import LocalBackend
-from ._observer import ExecutionObserver
-from ._ray_backend import RayBackend
-from ._server import RolloutServer
-from ._shutdown import ShutdownTimeouts
-from ._workflow import (
+from ._version import VERSION
+from .execution._backend import (
+    ExecutionBackend,
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
+    Sample,
+)
+from .execution._categorize import categorize_exception
+from .execution._context import (
+    RolloutContext,
+    SampleSource,
+    current_rollout_context,
+    get_rollout_context,
+)
+from .execution._grader import Grader, GraderConfig, GraderContext
+from .execution._local_backend import LocalBackend
+from .execution._workflow import (
     AgentWorkflow,
     AgentWorkflowConfig,
     AgentWorkflowOutput,
     ConcurrencyConfig,
     WorkflowContext,
 )
+from .http._app import ROLLOUT_SERVER_KEY, create_rollout_server
+from .observability._observer import ExecutionObserver
+from .protocol._server import RolloutServer
+from .protocol._shutdown import ShutdownTimeouts
+from .ray._backend import RayBackend
 
-try:
-    __version__ = version("rollout-server")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+__version__ = VERSION
+"""The installed ``rollout-server`` version (``0.0.0`` from a bare source tree)."""
 
 __all__ = [
     "ROLLOUT_SERVER_KEY",

@@ -1,0 +1,216 @@
+"""``create_rollout_server()``: the rollout protocol as an aiohttp application.
+
+The app holds one :class:`~rollout_server.RolloutServer` under :data:`ROLLOUT_SERVER_KEY`
+(the registry, the backend, the server's identity and its staged shutdown), the protocol
+middleware and the routes. The ``rollout-server`` command calls
+:meth:`RolloutServer.drain` before it stops listening, so results stay collectable; when
+an app is stopped any other way (tests, ``web.run_app``), its cleanup runs the same stages
+without the collect window.
+
+Every connection, whatever runner serves the app (``web.run_app``, an ``AppRunner`` of the
+user's, the command), runs the app's connection policy
+(:class:`~rollout_server.http._connection.GuardedRequestHandler`): JSON 400s that never quote
+the request, throttled logging of peer errors, the header read timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+from aiohttp import web
+
+from rollout_types import (
+    DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+    DEFAULT_RESULT_RETENTION_SEC,
+    DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    check_api_key,
+    check_seconds,
+)
+
+from .._errors import ServerConfigError
+from ..execution._backend import ExecutionBackend
+from ..observability._tracing import ServerTracing, default_tracer_provider
+from ..protocol._server import (
+    DEFAULT_BODY_READ_TIMEOUT_SEC,
+    DEFAULT_HEADER_READ_TIMEOUT_SEC,
+    DEFAULT_KEEPALIVE_TIMEOUT_SEC,
+    DEFAULT_MAX_BODY_BYTES,
+    RolloutServer,
+)
+from ..protocol._shutdown import ShutdownTimeouts
+from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
+from ._aiohttp_private import install_request_handler
+from ._connection import ConnectionGuard
+from ._middleware import make_protocol_middleware
+from ._routes import Routes
+from ._validation import MAX_REQUEST_LINE_BYTES
+
+__all__ = ["ROLLOUT_SERVER_KEY", "create_rollout_server"]
+
+ROLLOUT_SERVER_KEY: Final = web.AppKey("rollout_server", RolloutServer)
+"""Where :func:`create_rollout_server` stores the app's :class:`RolloutServer`."""
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """The app's cleanup context: bind the registry to the serving loop and start the
+    backend (:meth:`~rollout_server.ExecutionBackend.startup`) before the app serves; at
+    cleanup, run the staged shutdown without the collect window (the listeners are gone by
+    then)."""
+    server = app[ROLLOUT_SERVER_KEY]
+    _ = server.registry.loop
+    await server.backend.startup()
+    yield
+    await server.drain(collect=False)
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    """Runs once the listeners have stopped and before aiohttp waits for handlers: answer
+    waiting long polls now rather than after their full wait."""
+    server = app[ROLLOUT_SERVER_KEY]
+    server.begin_shutdown()
+    server.registry.close()
+
+
+def _check_seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
+    return check_seconds(name, value, allow_zero=allow_zero, error=ServerConfigError)
+
+
+def create_rollout_server(
+    *,
+    backend: ExecutionBackend,
+    api_key: str | None = None,
+    result_wait_timeout_sec: float = DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    polling_lease_timeout_sec: float = DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+    result_retention_sec: float = DEFAULT_RESULT_RETENTION_SEC,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    keepalive_timeout_sec: float = DEFAULT_KEEPALIVE_TIMEOUT_SEC,
+    access_log: bool = False,
+    shutdown_timeouts: ShutdownTimeouts | None = None,
+    status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
+    header_read_timeout_sec: float = DEFAULT_HEADER_READ_TIMEOUT_SEC,
+    body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
+    metrics: bool = True,
+    tracer_provider: Any = None,
+) -> web.Application:
+    """Build the rollout protocol server as an aiohttp application.
+
+    Args:
+        backend: What executes admitted rollouts.
+        api_key: When given, every request (unknown paths included) must carry
+            ``Authorization: Bearer <api_key>``; default None (no auth).
+        result_wait_timeout_sec: Long-poll wait of ``GET /rollout/{id}/result``, seconds;
+            finite and > 0; default 30.0.
+        polling_lease_timeout_sec: Seconds without a poll before a rollout fails as
+            ``lease_expired``; finite, > 0 and > ``result_wait_timeout_sec``; default 120.0.
+        result_retention_sec: Seconds a published result stays collectable (and its id
+            reserved) once its execution has finished; finite and >= 0; default 900.0.
+        max_body_bytes: Largest accepted request body in bytes (larger ones get 413);
+            default 64 MiB.
+        keepalive_timeout_sec: HTTP keep-alive of idle connections, seconds; default 2160.0.
+        access_log: Whether to log one line per request to ``rollout_server.access``;
+            default False.
+        shutdown_timeouts: Bounds of the staged shutdown; default :class:`ShutdownTimeouts()`.
+        status_change_grace_sec: After a non-terminal status change (``queued`` →
+            ``running`` → ``grading``), a waiting long poll answers within this many
+            seconds, or at once with the result if that is published meanwhile: one round
+            trip instead of two when a quick grader follows the workflow. A poll that
+            arrives to find a status not yet answered to the caller (a change between two
+            polls; the admission answered ``queued``) is answered the same way, so no
+            change goes unseen for a whole wait. A grace during which the event loop was
+            saturated (its thread on the CPU for at least 90% of the time) is put off by
+            another grace, up to the poll's own wait: a busy server answers results rather
+            than progress. 0 answers every change at once. Finite and >= 0; default 1.0.
+        header_read_timeout_sec: Once the first bytes of a request arrive, its headers must
+            be complete within this many seconds, or the connection is closed (an idle
+            keep-alive connection is not timed); finite and > 0; default 30.0.
+        body_read_timeout_sec: Once a request's headers arrive, its body must be complete
+            within this many seconds, or the request gets 408 and the connection is
+            closed; finite and > 0; default 60.0.
+        metrics: Whether to serve Prometheus metrics at ``GET /metrics`` (behind the same
+            bearer auth as every route); default True.
+        tracer_provider: The OpenTelemetry ``TracerProvider`` of the server's spans
+            (the ``[otel]`` extra). Default None: the process's global provider when one
+            is set, else one configured from the ``OTEL_*`` environment variables (or
+            ``OSMOSIS_ROLLOUT_OTLP_ENDPOINT``) when they ask for an exporter, else no
+            tracing at all.
+
+    Returns:
+        The application; its :class:`RolloutServer` is ``app[ROLLOUT_SERVER_KEY]``.
+
+    Raises:
+        ServerConfigError: (a ``ValueError``) If an argument is out of range.
+        TypeError: If ``backend`` is not an :class:`ExecutionBackend`.
+
+    .. versionadded:: 0.1
+    .. versionchanged:: 0.2
+       ``header_read_timeout_sec``, ``body_read_timeout_sec``, ``metrics`` and
+       ``tracer_provider``; request lines (and so result URLs) are limited to 8190 bytes,
+       and longer ids are refused at admission.
+    """
+    if not isinstance(backend, ExecutionBackend):
+        raise TypeError(
+            "backend must be an instance of rollout_server.ExecutionBackend (subclass it and "
+            f"implement execute()); got {type(backend).__name__}"
+        )
+    wait = _check_seconds("result_wait_timeout_sec", result_wait_timeout_sec)
+    lease = _check_seconds("polling_lease_timeout_sec", polling_lease_timeout_sec)
+    if not lease > wait:
+        raise ServerConfigError(
+            f"polling_lease_timeout_sec ({lease}) must be greater than result_wait_timeout_sec "
+            f"({wait}), so a client that re-polls promptly never loses its lease"
+        )
+    retention = _check_seconds("result_retention_sec", result_retention_sec, allow_zero=True)
+    keepalive = _check_seconds("keepalive_timeout_sec", keepalive_timeout_sec)
+    grace = _check_seconds("status_change_grace_sec", status_change_grace_sec, allow_zero=True)
+    header_sec = _check_seconds("header_read_timeout_sec", header_read_timeout_sec)
+    body_sec = _check_seconds("body_read_timeout_sec", body_read_timeout_sec)
+    body_limit: object = max_body_bytes
+    if isinstance(body_limit, bool) or not isinstance(body_limit, int) or body_limit < 1:
+        raise ServerConfigError(f"max_body_bytes must be a positive int; got {max_body_bytes!r}")
+    check_api_key(api_key, error=ServerConfigError)
+    timeouts = ShutdownTimeouts() if shutdown_timeouts is None else shutdown_timeouts
+    if not isinstance(timeouts, ShutdownTimeouts):
+        raise TypeError(
+            f"shutdown_timeouts must be a ShutdownTimeouts; got {type(timeouts).__name__}"
+        )
+
+    provider = default_tracer_provider() if tracer_provider is None else tracer_provider
+    server = RolloutServer(
+        backend=backend,
+        result_wait_timeout_sec=wait,
+        polling_lease_timeout_sec=lease,
+        result_retention_sec=retention,
+        max_body_bytes=max_body_bytes,
+        shutdown_timeouts=timeouts,
+        keepalive_timeout_sec=keepalive,
+        header_read_timeout_sec=header_sec,
+        body_read_timeout_sec=body_sec,
+        requires_auth=api_key is not None,
+        access_log=bool(access_log),
+        status_change_grace_sec=grace,
+        metrics=bool(metrics),
+        tracing=None if provider is None else ServerTracing(provider),
+    )
+    app = web.Application(
+        middlewares=[make_protocol_middleware(api_key)],
+        client_max_size=max_body_bytes,
+        handler_args={
+            "keepalive_timeout": keepalive,
+            "access_log": logging.getLogger("rollout_server.access") if access_log else None,
+            "max_line_size": MAX_REQUEST_LINE_BYTES,
+            "max_field_size": MAX_REQUEST_LINE_BYTES,
+        },
+    )
+    guard = ConnectionGuard(
+        header_read_timeout_sec=header_sec,
+        max_line_bytes=MAX_REQUEST_LINE_BYTES,
+        on_refused=None if server.metrics is None else server.metrics.http_refused,
+    )
+    install_request_handler(app, guard.handler)
+    app[ROLLOUT_SERVER_KEY] = server
+    app.add_routes(Routes(server).table())
+    app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(_on_shutdown)
+    return app

@@ -1,0 +1,470 @@
+"""``RolloutServer``: the state and behaviour behind one rollout app.
+
+It holds the registry, the backend, the server's identity and its settings, and does what
+the routes ask of it: admit a rollout, cancel a selection (through its
+:class:`~rollout_server.protocol._cancellation.Cancellation`), describe its health. It also runs
+the staged shutdown (:mod:`rollout_server.protocol._shutdown`) once, and owns the server's metrics
+(:mod:`rollout_server.protocol._metrics`) and tracing
+(:mod:`rollout_server.observability._tracing`), which
+observe the registry, the cancellations and every execution. It knows no HTTP: the routes
+(:mod:`rollout_server.http._routes`) and the app (:mod:`rollout_server.http._app`) sit on top of it.
+
+Admission asks the backend for room exactly once per admitted rollout, however many
+admissions run at once (see :mod:`rollout_server.execution._backend`): a backend with
+``try_reserve()`` holds a reservation until the rollout's execution starts; for a backend
+that only answers ``has_capacity()``, the server counts its own admitted-but-not-started
+rollouts and lets a new admission ask only once none is left (:class:`_AdmissionTurns`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import os
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, Final
+
+from rollout_types import (
+    PROTOCOL_VERSION,
+    CancelDisposition,
+    CancelRolloutsRequest,
+    RolloutHealth,
+    RolloutInitRequest,
+    RolloutLifecycle,
+)
+
+from .._logtext import get_logger
+from .._sanitize import fit_json
+from ..execution._backend import ExecutionBackend, ExecutionRequest
+from ..observability._observer import NO_OBSERVER, ExecutionObserver
+from ..observability._tracing import ServerTracing
+from ..state._record import RolloutRecord
+from ..state._registry import PublicationObserver, RolloutRegistry
+from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
+from ._cancellation import Cancellation
+from ._execution import StatusSink, execution_result, start_execution
+from ._metrics import ServerMetrics
+from ._shutdown import ShutdownTimeouts, run_staged_shutdown
+
+__all__ = [
+    "DEFAULT_BODY_READ_TIMEOUT_SEC",
+    "DEFAULT_HEADER_READ_TIMEOUT_SEC",
+    "DEFAULT_KEEPALIVE_TIMEOUT_SEC",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_RETRY_AFTER_SEC",
+    "INSTANCE_ID_ENV_VARS",
+    "Refusal",
+    "RolloutServer",
+]
+
+logger: Final = get_logger("rollout_server.app")
+
+DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+"""Default limit on a request body, in bytes (64 MiB; aiohttp's own default is 1 MiB)."""
+
+DEFAULT_KEEPALIVE_TIMEOUT_SEC: Final = 2160.0
+"""Default HTTP keep-alive, in seconds: longer than common load-balancer idle timeouts
+(2100 s and less), so a gateway never reuses a connection the server is closing."""
+
+DEFAULT_HEADER_READ_TIMEOUT_SEC: Final = 30.0
+"""Default bound, in seconds, on receiving a request's headers once its first bytes have
+arrived (an idle keep-alive connection is not timed)."""
+
+DEFAULT_BODY_READ_TIMEOUT_SEC: Final = 60.0
+"""Default bound, in seconds, on receiving a request body once its headers have arrived
+(64 MiB, the default body limit, at about 1.1 MB/s)."""
+
+DEFAULT_RETRY_AFTER_SEC: Final = 5.0
+"""The ``Retry-After`` hint (seconds) when the backend's own fails (osmosis-ai's default)."""
+
+INSTANCE_ID_ENV_VARS: Final = ("ROLLOUT_INSTANCE_ID", "_OSMOSIS_ROLLOUT_INSTANCE_ID")
+"""Environment variables read for ``/health`` ``instance_id``; the first non-empty wins
+(``_OSMOSIS_ROLLOUT_INSTANCE_ID`` is what ``osmosis eval run`` sets)."""
+
+
+class Refusal(enum.Enum):
+    """Why :meth:`RolloutServer.admit` refused a rollout (the value is the HTTP status)."""
+
+    SHUTTING_DOWN = 503
+    QUEUE_FULL = 429
+    DUPLICATE = 409
+
+
+def _overrides(backend: ExecutionBackend, name: str) -> bool:
+    """Whether ``backend``'s class has its own ``name`` rather than the base class's."""
+    return getattr(type(backend), name, None) is not getattr(ExecutionBackend, name)
+
+
+class _AdmissionTurns:
+    """Admissions in arrival order, each asking a ``has_capacity()``-only backend only once
+    every rollout admitted before it has started (and so counts in the backend's answer).
+
+    Used only for backends without ``try_reserve()`` whose ``has_capacity()`` can refuse.
+    Without contention an admission passes at once; otherwise it waits for its turn, which
+    comes once the rollouts admitted before it have taken their first step (usually the
+    next loop turn).
+    """
+
+    __slots__ = ("_held", "_loop", "_waiters", "unstarted")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._held = False
+        self.unstarted = 0
+        """Admitted rollouts whose execution has not taken its first step yet."""
+
+    async def take(self) -> None:
+        """Wait until this admission may ask the backend; pair it with :meth:`give_back`."""
+        if not self.unstarted and not self._waiters and not self._held:
+            self._held = True
+            return
+        waiter = self._loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give_back()  # the turn was handed over just before the cancellation
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def give_back(self) -> None:
+        """End this admission's turn (it admitted a rollout or refused one)."""
+        self._held = False
+        self._pass_on()
+
+    def started(self) -> None:
+        """One admitted rollout is about to take its first step."""
+        self.unstarted -= 1
+        if not self.unstarted and self._waiters:
+            # After that step (queued behind it), when the backend counts the rollout.
+            self._loop.call_soon(self._pass_on)
+
+    def _pass_on(self) -> None:
+        if self._held or self.unstarted:
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._held = True
+                waiter.set_result(None)
+                return
+
+
+_NOT_TRACED: Final = contextlib.nullcontext()
+
+
+def _not_traced(_record: RolloutRecord) -> contextlib.AbstractContextManager[None]:
+    return _NOT_TRACED
+
+
+def _instance_id_from_env() -> str | None:
+    for name in INSTANCE_ID_ENV_VARS:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+class RolloutServer:
+    """The state and behaviour behind one rollout app (one per :func:`create_rollout_server`).
+
+    Attributes:
+        backend: The execution backend.
+        registry: Every admitted rollout.
+        process_id: A UUID4, new for every server instance (``/health`` ``process_id``).
+        instance_id: ``$ROLLOUT_INSTANCE_ID``, else ``$_OSMOSIS_ROLLOUT_INSTANCE_ID``, else
+            ``process_id``.
+        result_wait_timeout_sec: Long-poll wait, seconds.
+        polling_lease_timeout_sec: Polling lease, seconds.
+        result_retention_sec: Retention of a published result, seconds.
+        max_body_bytes: Largest accepted request body, bytes.
+        keepalive_timeout_sec: HTTP keep-alive of idle connections, seconds.
+        header_read_timeout_sec: Bound on receiving a request's headers, seconds.
+        body_read_timeout_sec: Bound on receiving a request body, seconds.
+        requires_auth: Whether requests must carry the API key.
+        access_log: Whether one line per request is logged to ``rollout_server.access``.
+        status_change_grace_sec: How long a long poll goes on waiting after a non-terminal
+            status change, for a result that may follow, seconds (put off while the event
+            loop is saturated).
+        shutdown_timeouts: Bounds of the staged shutdown.
+        metrics: The Prometheus metrics (``GET /metrics``), or None when turned off.
+        tracing: The OpenTelemetry spans of the server, or None when it does not trace.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: ExecutionBackend,
+        result_wait_timeout_sec: float,
+        polling_lease_timeout_sec: float,
+        result_retention_sec: float,
+        max_body_bytes: int,
+        shutdown_timeouts: ShutdownTimeouts,
+        keepalive_timeout_sec: float = DEFAULT_KEEPALIVE_TIMEOUT_SEC,
+        header_read_timeout_sec: float = DEFAULT_HEADER_READ_TIMEOUT_SEC,
+        body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
+        requires_auth: bool = False,
+        access_log: bool = False,
+        status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
+        metrics: bool = True,
+        tracing: ServerTracing | None = None,
+    ) -> None:
+        self.backend = backend
+        self.result_wait_timeout_sec = result_wait_timeout_sec
+        self.polling_lease_timeout_sec = polling_lease_timeout_sec
+        self.result_retention_sec = result_retention_sec
+        self.max_body_bytes = max_body_bytes
+        self.shutdown_timeouts = shutdown_timeouts
+        self.keepalive_timeout_sec = keepalive_timeout_sec
+        self.header_read_timeout_sec = header_read_timeout_sec
+        self.body_read_timeout_sec = body_read_timeout_sec
+        self.requires_auth = requires_auth
+        self.access_log = access_log
+        self.status_change_grace_sec = status_change_grace_sec
+        self.process_id = str(uuid.uuid4())
+        self.instance_id = _instance_id_from_env() or self.process_id
+        self.metrics = ServerMetrics(self) if metrics else None
+        self.tracing = tracing
+        observers: list[PublicationObserver] = [
+            observer for observer in (self.metrics, tracing) if observer is not None
+        ]
+        self.registry = RolloutRegistry(
+            polling_lease_timeout_sec=polling_lease_timeout_sec,
+            result_retention_sec=result_retention_sec,
+            on_lease_expired=self._on_lease_expired,
+            outcome_of=execution_result,
+            status_change_grace_sec=status_change_grace_sec,
+            observers=observers,
+        )
+        self._cancellation = Cancellation(
+            registry=self.registry,
+            backend=backend,
+            spawn=self.spawn,
+            on_answered=None if self.metrics is None else self.metrics.cancelled,
+        )
+        self._observer: ExecutionObserver = NO_OBSERVER if self.metrics is None else self.metrics
+        self._trace_scope: Callable[[RolloutRecord], contextlib.AbstractContextManager[None]] = (
+            _not_traced if tracing is None else tracing.rollout_scope
+        )
+        self._reserves = _overrides(backend, "try_reserve")
+        self._takes_turns = not self._reserves and _overrides(backend, "has_capacity")
+        self._turns: _AdmissionTurns | None = None
+        self._accepting = True
+        self._side_tasks: set[asyncio.Task[Any]] = set()
+        self._drain_task: asyncio.Task[None] | None = None
+        self._hurry: asyncio.Future[None] | None = None
+
+    # -- admission ------------------------------------------------------------------------
+
+    @property
+    def accepting_rollouts(self) -> bool:
+        """True until shutdown begins, then False for good."""
+        return self._accepting
+
+    def retry_after_sec(self) -> float:
+        """The backend's ``Retry-After`` hint in seconds (5 if it fails)."""
+        try:
+            return self.backend.retry_after_sec()
+        except Exception:
+            logger.exception(
+                "backend.retry_after_sec() failed; using %.0fs", DEFAULT_RETRY_AFTER_SEC
+            )
+            return DEFAULT_RETRY_AFTER_SEC
+
+    async def admit(self, init: RolloutInitRequest) -> str | Refusal:
+        """Admit ``init``: check shutdown, then room in the backend, then duplicates (in
+        that order); register it and schedule its execution task.
+
+        Returns:
+            The lease token, or why the rollout was refused.
+        """
+        if not self._takes_turns:
+            return self._admit_now(init)
+        turns = self._turns
+        if turns is None:
+            turns = self._turns = _AdmissionTurns(self.registry.loop)
+        await turns.take()
+        try:
+            return self._admit_now(init)
+        finally:
+            turns.give_back()
+
+    def _admit_now(self, init: RolloutInitRequest) -> str | Refusal:
+        if not self._accepting:
+            return Refusal.SHUTTING_DOWN
+        backend = self.backend
+        if not (backend.try_reserve() if self._reserves else backend.has_capacity()):
+            return Refusal.QUEUE_FULL
+        registry = self.registry
+        if init.rollout_id in registry:
+            if self._reserves:
+                self._release_reservation()
+            return Refusal.DUPLICATE
+        observer = self._observer
+        trace_scope = self._trace_scope
+        admitted_at = time.monotonic()
+        scheduled = False
+
+        def start(record: RolloutRecord) -> asyncio.Task[Any]:
+            request = ExecutionRequest(
+                id=init.rollout_id,
+                prompt=init.initial_messages,
+                chat_completions_url=init.chat_completions_url,
+                llm_api_key=init.llm_api_key,
+                label=init.label,
+                metadata=init.metadata,
+                grade=init.grade,
+                agent_timeout_sec=init.agent_timeout_sec,
+                grader_timeout_sec=init.grader_timeout_sec,
+                request_extra_fields=init.extra_fields,
+                admitted_at=admitted_at,
+                on_status=StatusSink(registry, record),
+                observer=observer,
+            )
+            nonlocal scheduled
+            scheduled = True  # start_execution schedules _on_start before anything else
+            if self._turns is not None:
+                self._turns.unstarted += 1
+            # Traced: the task's context gets the rollout's span (and the server's tracer).
+            with trace_scope(record):
+                return start_execution(
+                    registry=registry,
+                    backend=backend,
+                    record=record,
+                    request=request,
+                    process_id=self.process_id,
+                    on_start=self._on_start,
+                )
+
+        try:
+            _record, token = registry.register(init.rollout_id, start, admitted_at)
+        except BaseException:
+            if not scheduled and self._reserves:
+                self._release_reservation()
+            raise
+        return token
+
+    def _on_start(self) -> None:
+        """An admitted rollout starts (or never will): end its reservation or turn."""
+        if self._turns is not None:
+            self._turns.started()
+        if self._reserves:
+            self._release_reservation()
+
+    def _release_reservation(self) -> None:
+        try:
+            self.backend.release_reservation()
+        except Exception:
+            logger.exception("backend.release_reservation() failed")
+
+    # -- cancellation ---------------------------------------------------------------------
+
+    async def cancel(self, selection: CancelRolloutsRequest) -> dict[str, CancelDisposition]:
+        """Cancel the selected rollouts (spec section 4.9); return one disposition per id.
+
+        Finished and unknown ids are ``not_found``; a repeated cancel before publication
+        returns the first disposition. The backend is asked first; the server's own
+        execution task is the fallback (see ``rollout_server.protocol._cancellation``).
+        """
+        return await self._cancellation.cancel(selection)
+
+    async def cancel_everything(self) -> dict[str, CancelDisposition]:
+        """Cancel every rollout without a result, as ``POST /rollout/cancel {"all": true}``."""
+        return await self._cancellation.cancel_everything()
+
+    def _on_lease_expired(self, record: RolloutRecord) -> None:
+        self._cancellation.lease_expired(record)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` as a side task that :meth:`close` waits for (briefly) or cancels."""
+        task: asyncio.Task[Any] = self.registry.loop.create_task(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        return task
+
+    # -- health ---------------------------------------------------------------------------
+
+    def health(self) -> RolloutHealth:
+        """The ``/health`` document: backend fields, identity, lifecycle, protocol version."""
+        fitted: Any = None
+        try:
+            fields: Any = self.backend.health()
+        except Exception as exc:
+            logger.exception("backend.health() failed")
+            fields = {"status": "error", "error": f"backend.health() raised {exc!r}"}
+        if isinstance(fields, Mapping):
+            fitted, dropped = fit_json(dict(fields), "health")
+            if dropped:
+                logger.warning("Dropped non-JSON backend health values: %s", ", ".join(dropped))
+        if not isinstance(fitted, dict):
+            logger.warning("backend.health() returned %s, not a dict", type(fields).__name__)
+            fitted = {"status": "unknown"}
+        return RolloutHealth(
+            instance_id=self.instance_id,
+            process_id=self.process_id,
+            lifecycle=RolloutLifecycle(
+                accepting_rollouts=self._accepting, active_rollouts=self.registry.active
+            ),
+            protocol_version=PROTOCOL_VERSION,
+            backend=fitted,
+        )
+
+    # -- shutdown -------------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """True while the staged shutdown runs."""
+        return self._drain_task is not None and not self._drain_task.done()
+
+    def begin_shutdown(self) -> None:
+        """Close admissions (503 from now on); result polls keep being served."""
+        if self._accepting:
+            self._accepting = False
+            logger.info("Rollout server shutting down: admissions closed")
+
+    async def drain(self, *, collect: bool = True) -> None:
+        """Run the staged shutdown (see ``rollout_server.protocol._shutdown``) once.
+
+        Concurrent and later calls wait for the same run.
+
+        Args:
+            collect: Whether to hold the collect window before returning; default True
+                (the server is still listening). The app's cleanup passes False.
+        """
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(
+                run_staged_shutdown(
+                    self, self.shutdown_timeouts, collect=collect, hurry=self._hurry_future()
+                )
+            )
+        await asyncio.shield(self._drain_task)
+
+    def hurry(self) -> None:
+        """End the remaining waits of a running or future drain at once (second signal)."""
+        hurry = self._hurry_future()
+        if not hurry.done():
+            hurry.set_result(None)
+
+    def _hurry_future(self) -> asyncio.Future[None]:
+        if self._hurry is None:
+            self._hurry = self.registry.loop.create_future()
+        return self._hurry
+
+    async def close(self) -> None:
+        """Close the registry and stop pending cancellation requests (the drain's end)."""
+        self.registry.close()
+        self._cancellation.flush()
+        tasks = list(self._side_tasks)
+        if tasks:
+            _, still = await asyncio.wait(tasks, timeout=1.0)
+            for task in still:
+                task.cancel()
+            if still:
+                await asyncio.wait(still, timeout=1.0)

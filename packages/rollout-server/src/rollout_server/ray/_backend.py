@@ -1,0 +1,475 @@
+"""``RayBackend``: run agent workflows and graders on a pool of Ray actors.
+
+The server stays the light front (admission, leases, long polls, publication); each
+rollout runs in one of ``num_workers`` long-lived async actors
+(:class:`~rollout_server.ray._worker.RolloutWorker`), each a :class:`LocalBackend` built
+from the RayBackend's own arguments. One rollout, as :meth:`RayBackend.execute` runs it:
+
+1. Take a free slot in the pool, or wait for one (status ``queued``) in arrival order;
+   the agent deadline already counts, and a rollout whose deadline passes here fails as
+   ``timeout`` without reaching a worker (and so without a trajectory file).
+2. Dispatch it to the least-loaded live worker (status ``running``: it holds that
+   worker's slot). The worker reports ``grading`` when the grader starts and the pool
+   relays it (:mod:`rollout_server.ray._pool`).
+3. The worker runs LocalBackend's phases (deadlines, grading gate, error categories,
+   artifacts and trajectory files on its node) and returns the outcome with the phase
+   times, which go to the server's observer (its metrics).
+
+Meanwhile the server enforces the rollout's own deadline plus ``deadline_grace_sec``, so
+a wedged worker cannot hold a rollout forever; a cancellation is forwarded to the worker
+and, without an acknowledgement within ``cancel_grace_sec``, the worker is killed and
+replaced; a worker that dies fails each of its rollouts as ``internal_error`` with the
+cause. Ray never re-runs a rollout: a caller retries with a new id.
+
+Importing this module does not import Ray; :meth:`RayBackend.startup` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
+
+from rollout_types import RolloutErrorCategory, RolloutStatus
+
+from .._logtext import get_logger
+from ..execution._admission import SlotAdmission
+from ..execution._backend import (
+    ExecutionBackend,
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
+)
+from ..execution._context import current_rollout_context
+from ..execution._grader import Grader, GraderConfig
+from ..execution._local_backend import LocalBackend
+from ..execution._phases import Phase, RolloutRun, entered_at, timed_out
+from ..execution._workflow import AgentWorkflow, AgentWorkflowConfig
+from ..observability import _tracing
+from ._dispatch import RolloutLostError, ServerDeadlineError
+from ._pool import WorkerPool
+from ._worker import CANCELLED, RolloutWorker, WorkerSpec, decode_outcome
+
+__all__ = ["RayBackend"]
+
+logger: Final = get_logger("rollout_server.ray_backend")
+
+DEFAULT_CANCEL_GRACE_SEC: Final = 5.0
+DEFAULT_DEADLINE_GRACE_SEC: Final = 5.0
+DEFAULT_START_TIMEOUT_SEC: Final = 120.0
+
+CONTROL_CALLS: Final = 8
+"""Actor concurrency beyond the slots: the events long poll, cancellations, pings."""
+
+UNLIMITED_CALLS: Final = 1000
+"""Actor concurrency for rollouts when the workflow config sets no slot limit (Ray's own
+default for async actors)."""
+
+RESERVED_OPTIONS: Final = frozenset(
+    {"max_restarts", "max_task_retries", "max_concurrency", "concurrency_groups", "name"}
+)
+"""Actor options the pool sets itself (see :mod:`rollout_server.ray._pool`)."""
+
+WORKER_OPTION_DEFAULTS: Final = {"num_cpus": 1, "enable_task_events": False}
+"""Actor options of each worker unless ``worker_options`` sets them: one CPU, and no Ray
+task events (a record per call in the GCS, which costs CPU there and in the server per
+rollout and fills the dashboard's task table with one entry per rollout)."""
+
+LOOPBACK_ENV: Final = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Set to ``0`` (unless set already) before RayBackend imports Ray to start a local cluster
+itself: every Ray process then binds to 127.0.0.1 only (Ray reads it when imported)."""
+
+INSTALL_HINT: Final = "RayBackend needs Ray: pip install 'rollout-server[ray]'"
+
+
+def _positive_seconds(name: str, value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a finite number of seconds > 0; got {value!r}")
+    return float(value)
+
+
+def _failed(exc: Exception, category: RolloutErrorCategory) -> ExecutionOutcome:
+    """The outcome of a rollout the server ended itself (``exc`` says why)."""
+    return ExecutionOutcome(
+        workflow=ExecutionResult(
+            status=RolloutStatus.FAILURE, err_message=str(exc), err_category=category
+        )
+    )
+
+
+class RayBackend(ExecutionBackend):
+    """Run an :class:`~rollout_server.AgentWorkflow` (and a grader) on a pool of Ray actors.
+
+    Each worker is a :class:`LocalBackend` built from this backend's ``workflow``,
+    ``workflow_config``, ``grader``, ``grader_config`` and ``artifact_root``, so the same
+    classes and configs run unchanged under both, and each worker has the slots a
+    LocalBackend would have (the config's ``concurrency.max_concurrent``, 4 without a
+    config). Pass the classes as import strings (``"package.module:Attr"``) or as classes
+    whose module every node can import (classes defined in ``__main__`` travel by value).
+
+    Args:
+        workflow: The workflow class, or an import string naming it.
+        workflow_config: As for :class:`LocalBackend`; its ``concurrency.max_concurrent``
+            is the slot count of each worker (None: no limit).
+        grader: The grader class, an import string, or None (no grading).
+        grader_config: As for :class:`LocalBackend`.
+        num_workers: How many worker actors the pool keeps; default 1.
+        max_queued: With a slot limit, the most rollouts that may wait for a slot in the
+            server: when that many wait (and no slot of a live worker is free), admission
+            answers 429. None (the default) queues without bound; 0 refuses whenever every
+            slot is busy.
+        worker_options: Ray actor options of each worker (``num_cpus``, ``num_gpus``,
+            ``memory``, ``resources``, ``runtime_env``, ``scheduling_strategy``, ...);
+            default ``{"num_cpus": 1, "enable_task_events": False}``. The pool sets
+            ``max_restarts``, ``max_task_retries``, ``max_concurrency`` and
+            ``concurrency_groups`` itself.
+        address: The Ray cluster to join; default ``$RAY_ADDRESS``, else a new local
+            cluster (bound to 127.0.0.1). Ignored when Ray is initialised already.
+        init_options: Further keyword arguments of ``ray.init()`` (such as ``num_cpus``
+            or ``runtime_env``), used only when this backend initialises Ray.
+        artifact_root: Directory on each worker's node under which rollout files go;
+            default as for :class:`LocalBackend`, read on the worker.
+        cancel_grace_sec: How long a worker has to acknowledge a cancellation before it
+            is killed and replaced (its other rollouts then fail); default 5.0.
+        deadline_grace_sec: How long past a rollout's deadline (agent, then grader) the
+            server waits for its worker before it publishes a ``timeout`` itself and
+            treats the worker as wedged; covers the trajectory write; default 5.0.
+        start_timeout_sec: Bound on starting one worker (scheduling, ``runtime_env``,
+            imports); default 120.0.
+
+    Raises:
+        ValueError: On an invalid count, option or grace, a ``max_queued`` without a slot
+            limit, or a malformed import string.
+        ImportError: When an import string names a missing module or attribute.
+        TypeError: When ``workflow``/``grader`` is not a concrete subclass of the base
+            class, or a config is not a config.
+
+    .. versionadded:: 0.2
+    """
+
+    reports_queue_status: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        workflow: type[AgentWorkflow] | str,
+        *,
+        workflow_config: AgentWorkflowConfig | Mapping[str, Any] | str | None = None,
+        grader: type[Grader] | str | None = None,
+        grader_config: GraderConfig | Mapping[str, Any] | str | None = None,
+        num_workers: int = 1,
+        max_queued: int | None = None,
+        worker_options: Mapping[str, Any] | None = None,
+        address: str | None = None,
+        init_options: Mapping[str, Any] | None = None,
+        artifact_root: str | os.PathLike[str] | None = None,
+        cancel_grace_sec: float = DEFAULT_CANCEL_GRACE_SEC,
+        deadline_grace_sec: float = DEFAULT_DEADLINE_GRACE_SEC,
+        start_timeout_sec: float = DEFAULT_START_TIMEOUT_SEC,
+    ) -> None:
+        # The workers' LocalBackend, built here once: it resolves and checks every argument
+        # as LocalBackend does, and says how many slots each worker has.
+        template = LocalBackend(
+            workflow,
+            workflow_config=workflow_config,
+            grader=grader,
+            grader_config=grader_config,
+            max_queued=max_queued,
+            artifact_root=artifact_root,
+        )
+        count: object = num_workers
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"num_workers must be an int >= 1; got {num_workers!r}")
+        self._num_workers = num_workers
+        self._slots = template.max_concurrent
+        self._admission = SlotAdmission(max_queued)
+        options = dict(worker_options or {})
+        reserved = sorted(RESERVED_OPTIONS.intersection(options))
+        if reserved:
+            raise ValueError(
+                f"worker_options must not set {', '.join(reserved)}: the pool sets them itself "
+                "(one incarnation per worker, no task retries)"
+            )
+        options = {**WORKER_OPTION_DEFAULTS, **options}
+        calls = UNLIMITED_CALLS if self._slots is None else self._slots
+        options.update(
+            max_restarts=0,
+            max_task_retries=0,
+            max_concurrency=calls + CONTROL_CALLS,
+        )
+        self._actor_options = options
+        self._spec = WorkerSpec(
+            workflow=workflow,
+            workflow_config=workflow_config,
+            grader=grader,
+            grader_config=grader_config,
+            artifact_root=None if artifact_root is None else os.fspath(artifact_root),
+        )
+        self._address = address
+        self._init_options = dict(init_options or {})
+        self._cancel_grace_sec = _positive_seconds("cancel_grace_sec", cancel_grace_sec)
+        self._deadline_grace_sec = _positive_seconds("deadline_grace_sec", deadline_grace_sec)
+        self._start_timeout_sec = _positive_seconds("start_timeout_sec", start_timeout_sec)
+        self._pool: WorkerPool | None = None
+        self._starting: asyncio.Future[WorkerPool] | None = None
+        self._owns_ray = False
+        self._cluster_address: str | None = None
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def num_workers(self) -> int:
+        """How many workers the pool keeps."""
+        return self._num_workers
+
+    @property
+    def max_concurrent_per_worker(self) -> int | None:
+        """Slots of each worker, or None for no limit."""
+        return self._slots
+
+    @property
+    def max_queued(self) -> int | None:
+        """The bound on waiting rollouts, or None."""
+        return self._admission.max_queued
+
+    @property
+    def cluster_address(self) -> str | None:
+        """The Ray cluster's address once started (its GCS ``host:port``), else None."""
+        return self._cluster_address
+
+    def worker_pids(self) -> list[int | None]:
+        """The process id of each pool position's live worker (None while it starts)."""
+        pool = self._pool
+        if pool is None:
+            return [None] * self._num_workers
+        return [None if w is None or not w.serving else w.info.get("pid") for w in pool.workers]
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        """Initialise Ray if needed and start the workers; the app calls it at startup.
+
+        Joins ``address`` (else ``$RAY_ADDRESS``, else starts a local cluster) unless Ray
+        is initialised already. Concurrent calls wait for the same start.
+
+        Raises:
+            ImportError: When Ray is not installed.
+            RuntimeError: When a worker cannot start within ``start_timeout_sec``.
+        """
+        if self._pool is not None:
+            return
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> WorkerPool:
+        address = self._address or os.environ.get("RAY_ADDRESS") or "local"
+        if address == "local":
+            # Read when Ray is imported: too late if the application imported Ray already.
+            os.environ.setdefault(LOOPBACK_ENV, "0")
+        try:
+            import ray
+        except ImportError as exc:
+            raise ImportError(INSTALL_HINT) from exc
+        if not ray.is_initialized():
+            ray.init(address=address, **self._init_options)
+            self._owns_ray = True
+        self._cluster_address = ray.get_runtime_context().gcs_address
+        pool = WorkerPool(
+            remote_class=ray.remote(RolloutWorker),
+            spec=self._spec,
+            size=self._num_workers,
+            slots=self._slots,
+            actor_options=self._actor_options,
+            start_timeout_sec=self._start_timeout_sec,
+            cancel_grace_sec=self._cancel_grace_sec,
+            deadline_grace_sec=self._deadline_grace_sec,
+        )
+        try:
+            await pool.start()
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"{exc} (each worker asks for {self._describe_options()}; check that the "
+                f"cluster at {self._cluster_address} has room for {self._num_workers} of them "
+                "and that every node can import the workflow and grader modules)"
+            ) from exc.__cause__
+        self._pool = pool
+        logger.info(
+            "RayBackend started %d worker(s) x %s slot(s) on the Ray cluster at %s",
+            self._num_workers,
+            "unlimited" if self._slots is None else self._slots,
+            self._cluster_address,
+        )
+        return pool
+
+    def _describe_options(self) -> str:
+        shown = {k: v for k, v in self._actor_options.items() if k not in RESERVED_OPTIONS}
+        return ", ".join(f"{k}={v!r}" for k, v in sorted(shown.items()))
+
+    async def shutdown(self) -> None:
+        """Let the workers finish their file writes (bounded), release the actors, and
+        shut Ray down if this backend initialised it."""
+        pool = self._pool
+        if pool is None and self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+        if pool is not None:
+            await pool.close()
+        if self._owns_ray:
+            import ray
+
+            ray.shutdown()
+            self._owns_ray = False
+
+    # -- admission --------------------------------------------------------------------
+
+    def _holding(self) -> tuple[int, int | None]:
+        """Rollouts running or queued in the pool, and the slots of its live workers."""
+        pool = self._pool
+        if pool is None:
+            return 0, 0 if self._slots is not None else None
+        return pool.running + pool.queued, pool.capacity()
+
+    def has_capacity(self) -> bool:
+        """False only when ``max_queued`` rollouts wait beyond the slots of the live
+        workers, counting admitted rollouts that have not started yet."""
+        return self._admission.has_capacity(*self._holding())
+
+    def try_reserve(self) -> bool:
+        """Count one admitted rollout until it starts, if :meth:`has_capacity` allows it."""
+        return self._admission.try_reserve(*self._holding())
+
+    def release_reservation(self) -> None:
+        """The reserved rollout starts now (it takes its slot or its queue place at once)."""
+        self._admission.release_reservation()
+
+    def retry_after_sec(self) -> float:
+        """How long a refused caller should wait: until the rollouts queued ahead of it
+        would have drained.
+
+        ``(queued + reserved + 1) * mean_duration / slots``, clamped to [1, 60] s, where
+        ``slots`` counts every worker's and ``mean_duration`` is a moving mean (weight 0.2
+        for the newest) of how long finished rollouts held a worker slot, 5 s until one
+        has finished. 1 s without a slot limit (which never refuses).
+        """
+        pool = self._pool
+        slots = None if self._slots is None else self._num_workers * self._slots
+        return self._admission.retry_after_sec(0 if pool is None else pool.queued, slots)
+
+    def health(self) -> dict[str, Any]:
+        """``{"status", "concurrency": {...}, "ray": {...}}``.
+
+        ``status`` is ``ok`` while every worker serves, ``degraded`` while some are being
+        replaced, ``unavailable`` while none serves and ``starting`` before the pool has
+        started. ``concurrency`` has LocalBackend's keys (``max_concurrent`` counts the
+        slots of every worker, None without a limit); ``ray`` has the cluster
+        ``address``, the ``workers`` configured and ``workers_alive``,
+        ``slots_per_worker``, ``free_slots``, the count of workers ``lost`` and
+        ``replaced``, and one entry per worker.
+        """
+        pool = self._pool
+        slots = self._slots
+        concurrency = {
+            "max_concurrent": None if slots is None else self._num_workers * slots,
+            "queued": 0 if pool is None else pool.queued,
+            "running": 0 if pool is None else pool.running,
+            "max_queued": self._admission.max_queued,
+        }
+        ray_fields: dict[str, Any] = {
+            "address": self._cluster_address,
+            "workers": self._num_workers,
+            "workers_alive": 0 if pool is None else pool.alive,
+            "slots_per_worker": slots,
+            "free_slots": (0 if slots is not None else None) if pool is None else pool.free_slots(),
+            "lost": 0 if pool is None else pool.lost_count,
+            "replaced": 0 if pool is None else pool.replacements,
+            "pool": []
+            if pool is None
+            else [
+                {"index": index, "alive": False} if w is None else w.describe()
+                for index, w in enumerate(pool.workers)
+            ],
+        }
+        if pool is None:
+            status = "starting"
+        elif pool.alive == self._num_workers:
+            status = "ok"
+        else:
+            status = "degraded" if pool.alive else "unavailable"
+        return {"status": status, "concurrency": concurrency, "ray": ray_fields}
+
+    # -- execution --------------------------------------------------------------------
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        """Run one rollout on a worker (module docstring).
+
+        Args:
+            request: The admitted rollout.
+
+        Returns:
+            The worker's outcome (without the trajectory snapshot and the diagnostics,
+            which stay in the files on the worker's node).
+
+        Raises:
+            asyncio.CancelledError: When cancelled; the rollout has stopped on its worker
+                (or the worker was killed) by the time this raises, unless a second
+                cancellation cut the wait short.
+        """
+        pool = self._pool
+        if pool is None:
+            await self.startup()
+            pool = self._pool
+            assert pool is not None
+        loop = asyncio.get_running_loop()
+        entered = entered_at(request)
+        timeout = request.agent_timeout_sec
+        # The agent deadline on the loop's clock (time.monotonic() for asyncio and uvloop).
+        deadline = None if timeout is None else loop.time() + (entered + timeout - time.monotonic())
+        worker = pool.take()
+        if worker is None:
+            request.on_status(RolloutStatus.QUEUED)
+            with _tracing.phase_span("queue", request.id):
+                worker = await pool.acquire(deadline)
+        now = time.monotonic()
+        request.observer.observe_queue_wait(now - entered)
+        if worker is None:  # the agent deadline passed in the queue
+            run = RolloutRun(request=request, entered=entered, queued_sec=now - entered)
+            return ExecutionOutcome(workflow=timed_out(run, Phase.WORKFLOW))
+        request.on_status(RolloutStatus.RUNNING)
+        ambient = current_rollout_context()
+        process_id = (
+            ambient.process_id if ambient is not None and ambient.rollout_id == request.id else ""
+        )
+        dispatch = pool.dispatch(
+            worker,
+            request,
+            now - entered,
+            process_id,
+            None if deadline is None else deadline + self._deadline_grace_sec,
+        )
+        try:
+            reply = await dispatch.future
+        except asyncio.CancelledError:
+            await pool.stop(dispatch, "the rollout was cancelled")
+            raise
+        except ServerDeadlineError as exc:
+            logger.error("Rollout %s: %s; cancelling it there", request.id, exc)
+            return _failed(exc, RolloutErrorCategory.TIMEOUT)
+        except RolloutLostError as exc:
+            logger.error("Rollout %s: %s", request.id, exc)
+            return _failed(exc, RolloutErrorCategory.INTERNAL_ERROR)
+        self._admission.observe_duration(time.monotonic() - now)
+        if reply == CANCELLED:
+            # Stopped on the worker without a cancellation from here (Ray's own).
+            return ExecutionOutcome(
+                workflow=ExecutionResult(status=RolloutStatus.CANCELLED, err_message="cancelled")
+            )
+        outcome, times = decode_outcome(reply)
+        times.replay(request.observer)
+        return outcome

@@ -1,0 +1,574 @@
+"""The rollout registry: one record per admitted rollout, with its lease, result and retention.
+
+The registry owns every rollout's state and is the only writer of a
+:class:`~rollout_server.state._record.RolloutRecord`. It runs on one event loop, so plain attribute
+updates between awaits need no lock; nothing on the poll path takes a global lock.
+
+Deadlines are entries of one shared timer structure (:class:`DeadlineQueue`: a heap
+served by a single loop timer), never sleeping tasks nor a loop timer each:
+
+* the lease timer of a record is armed once at registration and re-armed lazily: a poll
+  only moves ``lease_deadline``; when the timer fires early it re-arms itself at the new
+  deadline, so renewal costs one float assignment;
+* the retention timer is armed once, at publication;
+* the deadlines of waiting long polls belong to :attr:`RolloutRegistry.waits`
+  (:class:`~rollout_server.state._waiting.LongPollWaits`), which publication and status changes
+  wake.
+
+A result is published exactly once: the first of the execution's end (the registry
+publishes it when the task is done, asking ``outcome_of`` what the execution produced),
+cancellation, lease expiry or shutdown wins. Its :class:`PublicationObserver` objects (the
+server's metrics and tracing) hear of each publication and first delivery.
+
+The module is longer than 500 lines because the registry is the one writer of a record:
+admission, status, lease, cancellation, publication, delivery and retention each change
+the same record, and keeping every write in one class is what makes each rule hold once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, Protocol
+
+from rollout_types import CancelDisposition, RolloutErrorCategory, RolloutSample, RolloutStatus
+
+from .._logtext import get_logger
+from ..observability._jsonlog import log_fields
+from ._bodies import result_body
+from ._deadlines import FIRE_SLACK_SEC, DeadlineQueue
+from ._record import ResultFields, RolloutRecord, token_digest
+from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC, LongPollWaits
+
+__all__ = ["PublicationObserver", "RolloutRegistry"]
+
+logger: Final = get_logger("rollout_server.registry")
+
+LEASE_EXPIRED_MESSAGE: Final = "polling lease expired"
+CRASH_MESSAGE: Final = "rollout task crashed"
+CANCELLED_MESSAGE: Final = "cancelled"
+"""``err_message`` of a rollout whose execution was cancelled after it started."""
+
+TOKEN_BYTES: Final = 32
+"""Random bytes in a lease token (``secrets.token_urlsafe(32)``: 43 characters of base64url)."""
+
+
+def _no_outcome(_rollout_id: str, _task: asyncio.Task[Any]) -> ResultFields | None:
+    return None
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class PublicationObserver(Protocol):
+    """What the registry tells its observers (called on the loop; must not raise)."""
+
+    def published(
+        self,
+        record: RolloutRecord,
+        status: RolloutStatus,
+        category: RolloutErrorCategory | None,
+    ) -> None:
+        """The result of ``record`` has just been fixed, with this status and category."""
+
+    def delivered(self, record: RolloutRecord) -> None:
+        """A poll has returned the published result of ``record`` for the first time."""
+
+
+class RolloutRegistry:
+    """Every admitted rollout of one server, by id.
+
+    Args:
+        polling_lease_timeout_sec: Seconds without a poll before a rollout's lease lapses.
+        result_retention_sec: Seconds a published result stays (and its id stays reserved)
+            once the execution has finished.
+        on_lease_expired: Called with the record right after a lapsed lease has been
+            published as ``lease_expired`` (the server requests cancellation there).
+        outcome_of: Called with the rollout id and its execution task once that task has
+            returned or raised an ``Exception``; returns the result to publish (None: the
+            task ended without a result, published as a crash). The registry publishes
+            it unless the lease lapsed meanwhile; a cancelled or crashed task is
+            published without asking. Default: every task ends without a result.
+        status_change_grace_sec: After a non-terminal status change, each waiting long poll
+            ends within this many seconds (see :class:`LongPollWaits`); default
+            :data:`~rollout_server.state._waiting.DEFAULT_STATUS_CHANGE_GRACE_SEC`.
+        loop_cpu_clock: CPU seconds used so far by the thread that runs the event loop,
+            read on that thread; default :func:`time.thread_time`.
+        observers: Told of every publication and first delivery; default none.
+
+    Attributes:
+        waits: The waiting long polls (the result route begins and ends each wait there).
+
+    Raises:
+        ValueError: If ``status_change_grace_sec`` is below 0 or NaN.
+    """
+
+    def __init__(
+        self,
+        *,
+        polling_lease_timeout_sec: float,
+        result_retention_sec: float,
+        on_lease_expired: Callable[[RolloutRecord], None] = lambda _record: None,
+        outcome_of: Callable[[str, asyncio.Task[Any]], ResultFields | None] = _no_outcome,
+        status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
+        loop_cpu_clock: Callable[[], float] = time.thread_time,
+        observers: Sequence[PublicationObserver] = (),
+    ) -> None:
+        self._deadlines = DeadlineQueue()
+        self.waits = LongPollWaits(
+            self._deadlines,
+            status_change_grace_sec=status_change_grace_sec,
+            loop_cpu_clock=loop_cpu_clock,
+        )
+        self._lease_sec = polling_lease_timeout_sec
+        self._retention_sec = result_retention_sec
+        self._on_lease_expired = on_lease_expired
+        self._outcome_of = outcome_of
+        self._records: dict[str, RolloutRecord] = {}
+        self._tasks: dict[asyncio.Task[Any], RolloutRecord] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle: asyncio.Future[None] | None = None
+        self._undelivered = 0
+        self._delivered: asyncio.Future[None] | None = None
+        self._removal_waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._closed = False
+        self._observers = tuple(observers)
+        # Bound once, and one context for every task's done callback (it reads no context
+        # variable): per rollout, a bound method costs 64 bytes and a copied context 72.
+        self._lease_callback = self._on_lease_timer
+        self._done_callback = self._on_task_done
+        self._callback_context = contextvars.Context()
+
+    # -- lookup ---------------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the registry runs on (the running loop at first use)."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def get(self, rollout_id: str) -> RolloutRecord | None:
+        """The record held for ``rollout_id``, or None."""
+        return self._records.get(rollout_id)
+
+    def __contains__(self, rollout_id: object) -> bool:
+        return rollout_id in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def ids(self) -> list[str]:
+        """Every id currently held (live or retained), in admission order."""
+        return list(self._records)
+
+    @property
+    def active(self) -> int:
+        """How many execution tasks have not completed (``lifecycle.active_rollouts``)."""
+        return len(self._tasks)
+
+    def active_ids(self) -> list[str]:
+        """The ids of the rollouts whose execution task has not completed."""
+        return [record.rollout_id for record in self._tasks.values()]
+
+    def in_flight(self) -> Iterable[RolloutRecord]:
+        """The records whose execution task has not completed (a live view: iterate it
+        without awaiting in between)."""
+        return self._tasks.values()
+
+    @property
+    def undelivered(self) -> int:
+        """How many held results are published and not yet returned by any poll."""
+        return self._undelivered
+
+    # -- admission ------------------------------------------------------------------------
+
+    def register(
+        self,
+        rollout_id: str,
+        start: Callable[[RolloutRecord], asyncio.Task[Any]],
+        admitted_at: float | None = None,
+    ) -> tuple[RolloutRecord, str]:
+        """Admit ``rollout_id``: create its record and lease and start its execution task.
+
+        The caller has checked that the id is not held. Registration and task creation
+        happen in one step, so no cancel can see a record without its task.
+
+        Args:
+            rollout_id: The id to admit.
+            start: Creates the execution task of the new record on :attr:`loop`.
+            admitted_at: The admission's :func:`time.monotonic` stamp; default now.
+
+        Returns:
+            The record and the lease token (43 characters of base64url).
+        """
+        loop = self.loop
+        token = secrets.token_urlsafe(TOKEN_BYTES)
+        record = RolloutRecord(
+            rollout_id,
+            token_digest(token),
+            loop.time() + self._lease_sec,
+            time.monotonic() if admitted_at is None else admitted_at,
+        )
+        self._records[rollout_id] = record
+        try:
+            task = start(record)
+        except BaseException:
+            del self._records[rollout_id]
+            raise
+        record.task = task
+        self._tasks[task] = record
+        task.add_done_callback(self._done_callback, context=self._callback_context)
+        record._lease_timer = self._deadlines.add(
+            loop, record.lease_deadline, self._lease_callback, record
+        )
+        return record, token
+
+    # -- progress and publication ---------------------------------------------------------
+
+    def mark_started(self, record: RolloutRecord) -> bool:
+        """Note that the execution task of ``record`` is about to take its first step.
+
+        Returns:
+            True if it starts; False if a cancellation landed first (``execute()`` then
+            never runs, and the rollout is published as ``cancelled`` without a message).
+        """
+        task = record.task
+        if task is None or task.done() or task.cancelling():
+            return False
+        record.started = True
+        return True
+
+    def set_status(self, record: RolloutRecord, status: RolloutStatus | str) -> None:
+        """Report a non-terminal status change; ignored once the result is published.
+
+        Terminal statuses are reported through the execution outcome, never here; an
+        unknown or terminal value is logged and ignored.
+        """
+        if record.body is not None:
+            return
+        try:
+            value = RolloutStatus(status)
+        except ValueError:
+            logger.warning(
+                "Ignoring unknown status %r reported for rollout %s", status, record.rollout_id
+            )
+            return
+        if value in (RolloutStatus.SUCCESS, RolloutStatus.FAILURE, RolloutStatus.CANCELLED):
+            logger.warning(
+                "Ignoring terminal status %r reported through on_status for rollout %s "
+                "(terminal results come from the execution outcome)",
+                value.value,
+                record.rollout_id,
+            )
+            return
+        if value is not record.status:
+            record.status = value
+            self.waits.status_changed(record)
+
+    def record_disposition(self, record: RolloutRecord, disposition: CancelDisposition) -> None:
+        """Keep the cancel disposition answered for ``record`` (repeated cancels answer it
+        again); ignored once the result is published."""
+        if record.body is None:
+            record.disposition = disposition
+
+    def publish(
+        self,
+        record: RolloutRecord,
+        *,
+        status: RolloutStatus,
+        sample: RolloutSample | None = None,
+        err_message: str | None = None,
+        err_category: RolloutErrorCategory | None = None,
+    ) -> bool:
+        """Fix the result of ``record``, unless one is fixed already (exactly once).
+
+        Wakes every long poll, stops the lease timer (the token stays valid), starts the
+        retention timer and logs the rollout's one "finished" line (INFO, DEBUG for a
+        success).
+
+        Returns:
+            True if this call published, False if a result was already fixed.
+        """
+        if record.body is not None:
+            return False
+        record.body = result_body(
+            rollout_id=record.rollout_id,
+            status=status,
+            sample=sample,
+            err_message=err_message,
+            err_category=err_category,
+        )
+        record.status = status
+        self._log_finished(record, status, sample, err_message, err_category)
+        if record._lease_timer is not None:
+            self._deadlines.cancel(record._lease_timer)
+            record._lease_timer = None
+        self._undelivered += 1
+        self.waits.wake(record)
+        if not self._closed:
+            loop = self.loop
+            record._retention_timer = self._deadlines.add(
+                loop, loop.time() + self._retention_sec, self._on_retention_elapsed, record
+            )
+        for observer in self._observers:
+            observer.published(record, status, err_category)
+        return True
+
+    def _log_finished(
+        self,
+        record: RolloutRecord,
+        status: RolloutStatus,
+        sample: RolloutSample | None,
+        err_message: str | None,
+        err_category: RolloutErrorCategory | None,
+    ) -> None:
+        level = logging.DEBUG if status is RolloutStatus.SUCCESS else logging.INFO
+        if not logger.isEnabledFor(level):
+            return
+        logger.log(
+            level,
+            "Rollout %s finished: status=%s err_category=%s duration=%.3fs reward=%s "
+            "err_message=%s",
+            record.rollout_id,
+            status.value,
+            None if err_category is None else err_category.value,
+            time.monotonic() - record.admitted_at,
+            None if sample is None else sample.reward,
+            err_message,
+            extra=log_fields(record.rollout_id, status, err_category),
+        )
+
+    def deliver_status(self, record: RolloutRecord) -> RolloutStatus:
+        """Note that a poll answers the current in-progress status of ``record`` (the
+        status-change grace then no longer applies to it: see
+        :meth:`LongPollWaits.begin <rollout_server.state._waiting.LongPollWaits.begin>`).
+
+        Returns:
+            That status.
+        """
+        status = record.delivered_status = record.status
+        return status
+
+    def mark_delivered(self, record: RolloutRecord) -> None:
+        """Note that a poll has returned the published result of ``record``."""
+        if record.delivered:
+            return
+        record.delivered = True
+        self._count_delivered()
+        for observer in self._observers:
+            observer.delivered(record)
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def renew(self, record: RolloutRecord) -> bool:
+        """Renew the lease of an unpublished rollout on the arrival of a valid poll.
+
+        Returns:
+            True if renewed; False if the lease had already lapsed, in which case the
+            result is now published as ``lease_expired``.
+        """
+        now = self.loop.time()
+        if now >= record.lease_deadline:
+            self._expire(record)
+            return False
+        record.lease_deadline = now + self._lease_sec
+        return True
+
+    def _on_lease_timer(self, record: RolloutRecord) -> None:
+        record._lease_timer = None
+        if record.body is not None:
+            return
+        loop = self.loop
+        if record.lease_deadline - loop.time() > FIRE_SLACK_SEC:
+            record._lease_timer = self._deadlines.add(
+                loop, record.lease_deadline, self._lease_callback, record
+            )
+            return
+        self._expire(record)
+
+    def _expire(self, record: RolloutRecord) -> None:
+        if self.publish(
+            record,
+            status=RolloutStatus.FAILURE,
+            err_message=LEASE_EXPIRED_MESSAGE,
+            err_category=RolloutErrorCategory.LEASE_EXPIRED,
+        ):
+            self._on_lease_expired(record)
+
+    # -- cancellation ---------------------------------------------------------------------
+
+    def cancel_task(self, record: RolloutRecord) -> bool:
+        """Cancel the execution task of ``record`` unless it is done or already cancelling.
+
+        Returns:
+            True if a cancellation was requested now.
+        """
+        task = record.task
+        if task is None or task.done() or task.cancelling():
+            return False
+        task.cancel()
+        return True
+
+    def force_cancel(self) -> int:
+        """Cancel every active execution task again, even those already cancelling.
+
+        Returns:
+            How many tasks were cancelled.
+        """
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+    def publish_unfinished(self, err_message: str) -> int:
+        """Publish ``cancelled`` with ``err_message`` for every record without a result.
+
+        Returns:
+            How many records were published.
+        """
+        unpublished = [record for record in self._records.values() if record.body is None]
+        cancelled = RolloutStatus.CANCELLED
+        return sum(self.publish(r, status=cancelled, err_message=err_message) for r in unpublished)
+
+    # -- task completion and retention ----------------------------------------------------
+
+    def _on_task_done(self, task: asyncio.Task[Any]) -> None:
+        record = self._tasks.pop(task)
+        record.task = None
+        self._publish_end(record, task)
+        record.finished = True
+        if record._retention_elapsed:
+            self._remove(record)
+        if not self._tasks and self._idle is not None:
+            _resolve(self._idle)
+            self._idle = None
+
+    def _publish_end(self, record: RolloutRecord, task: asyncio.Task[Any]) -> None:
+        """Publish how the execution task of ``record`` ended (a no-op if a result is fixed
+        already): the one place a task's end is published.
+
+        A cancelled task is ``cancelled``, with the message ``"cancelled"`` once it had
+        started; a task that returned or raised an ``Exception`` gets what ``outcome_of``
+        makes of it, unless the lease lapsed meanwhile (then ``lease_expired``, as if the
+        lease timer had won); anything else (a ``BaseException``, no outcome, a failing
+        ``outcome_of``) is a crash: ``failure`` / ``internal_error``.
+        """
+        rollout_id = record.rollout_id
+        if task.cancelled():
+            message = CANCELLED_MESSAGE if record.started else None
+            self.publish(record, status=RolloutStatus.CANCELLED, err_message=message)
+            return
+        exc = task.exception()
+        if exc is None or isinstance(exc, Exception):
+            try:
+                fields = self._outcome_of(rollout_id, task)
+            except Exception:
+                logger.exception("Publishing the outcome of rollout %s failed", rollout_id)
+            else:
+                if fields is not None:
+                    if record.body is None and self.loop.time() >= record.lease_deadline:
+                        self._expire(record)
+                    else:
+                        self.publish(
+                            record,
+                            status=fields.status,
+                            sample=fields.sample,
+                            err_message=fields.err_message,
+                            err_category=fields.err_category,
+                        )
+                    return
+                logger.error(
+                    "Rollout task for %s ended without a result",
+                    rollout_id,
+                    extra=log_fields(rollout_id, "failure", "internal_error"),
+                )
+        else:
+            logger.error(
+                "Rollout task for %s crashed",
+                rollout_id,
+                exc_info=exc,
+                extra=log_fields(rollout_id, "failure", "internal_error"),
+            )
+        self.publish(
+            record,
+            status=RolloutStatus.FAILURE,
+            err_message=CRASH_MESSAGE,
+            err_category=RolloutErrorCategory.INTERNAL_ERROR,
+        )
+
+    def _on_retention_elapsed(self, record: RolloutRecord) -> None:
+        record._retention_timer = None
+        record._retention_elapsed = True
+        if record.finished:
+            self._remove(record)
+
+    def _remove(self, record: RolloutRecord) -> None:
+        if self._records.get(record.rollout_id) is not record:
+            return
+        del self._records[record.rollout_id]
+        if not record.delivered:
+            self._count_delivered()
+        for fut in self._removal_waiters.pop(record.rollout_id, ()):
+            _resolve(fut)
+
+    def _count_delivered(self) -> None:
+        """One published result fewer awaits its first delivery (delivered or removed)."""
+        self._undelivered -= 1
+        if self._undelivered == 0 and self._delivered is not None:
+            _resolve(self._delivered)
+
+    # -- waiting for the whole registry ---------------------------------------------------
+
+    def idle_future(self) -> asyncio.Future[None]:
+        """A future that is done once no execution task is active (done now if none is)."""
+        if self._idle is None or self._idle.done():
+            self._idle = self.loop.create_future()
+        if not self._tasks:
+            _resolve(self._idle)
+        return self._idle
+
+    def delivered_future(self) -> asyncio.Future[None]:
+        """A future that is done once every published result held has been delivered (or
+        removed); done now if none is waiting."""
+        if self._delivered is None or self._delivered.done():
+            self._delivered = self.loop.create_future()
+        if self._undelivered == 0:
+            _resolve(self._delivered)
+        return self._delivered
+
+    async def wait_removed(self, rollout_id: str) -> None:
+        """Wait until ``rollout_id`` is no longer held (retention over and execution done).
+
+        Returns at once if it is not held. The wait itself is unbounded: bound it with
+        ``asyncio.timeout()``.
+        """
+        if rollout_id not in self._records:
+            return
+        fut: asyncio.Future[None] = self.loop.create_future()
+        self._removal_waiters.setdefault(rollout_id, []).append(fut)
+        await fut
+
+    def close(self) -> None:
+        """Stop every lease and retention timer and answer every waiting long poll.
+
+        Records stay readable, so polls that arrive while the server stops listening still
+        get their result; later waits return at once.
+        """
+        self._closed = True
+        waits = self.waits
+        waits.close()
+        for record in self._records.values():
+            for timer in (record._lease_timer, record._retention_timer):
+                if timer is not None:
+                    self._deadlines.cancel(timer)
+            record._lease_timer = None
+            record._retention_timer = None
+            waits.wake(record)
