@@ -48,7 +48,7 @@ from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._cancellation import Cancellation
 from ._execution import StatusSink, execution_result, start_execution
 from ._metrics import ServerMetrics
-from ._shutdown import ShutdownTimeouts, run_staged_shutdown
+from ._shutdown import DeliveryWatch, ShutdownTimeouts, run_staged_shutdown
 
 __all__ = [
     "DEFAULT_BODY_READ_TIMEOUT_SEC",
@@ -196,6 +196,8 @@ class RolloutServer:
         shutdown_timeouts: Bounds of the staged shutdown.
         metrics: The Prometheus metrics (``GET /metrics``), or None when turned off.
         tracing: The OpenTelemetry spans of the server, or None when it does not trace.
+        deliveries: Told of every first delivery of a result; the shutdown's collect
+            window waits on it.
     """
 
     def __init__(
@@ -232,9 +234,11 @@ class RolloutServer:
         self.instance_id = _instance_id_from_env() or self.process_id
         self.metrics = ServerMetrics(self) if metrics else None
         self.tracing = tracing
+        self.deliveries = DeliveryWatch()
         observers: list[PublicationObserver] = [
             observer for observer in (self.metrics, tracing) if observer is not None
         ]
+        observers.append(self.deliveries)
         self.registry = RolloutRegistry(
             polling_lease_timeout_sec=polling_lease_timeout_sec,
             result_retention_sec=result_retention_sec,
