@@ -63,6 +63,25 @@ class TestServerSettings:
         with pytest.raises(ServerConfigError, match=message):
             ServerSettings(**fields)
 
+    def test_durations_are_floats(self) -> None:
+        """Durations given as ints are kept as floats (the wait and the lease travel in
+        admission answers as 2.0, not 2); the body limit stays an int."""
+        settings = ServerSettings(
+            result_wait_timeout_sec=2, polling_lease_timeout_sec=9, max_body_bytes=10
+        )
+        assert type(settings.result_wait_timeout_sec) is float
+        assert type(settings.polling_lease_timeout_sec) is float
+        assert type(attrs.evolve(settings, keepalive_timeout_sec=5).keepalive_timeout_sec) is float
+        assert type(settings.max_body_bytes) is int
+
+    async def test_the_admission_answer_carries_float_durations(self, make_harness: Any) -> None:
+        """An app built with int durations answers an admission with them as JSON floats."""
+        harness = await make_harness(result_wait_timeout_sec=2, polling_lease_timeout_sec=9)
+        reply = await harness.post_rollout()
+        assert reply.status == 202
+        assert b'"result_wait_timeout_sec":2.0' in reply.raw.replace(b" ", b"")
+        assert b'"polling_lease_timeout_sec":9.0' in reply.raw.replace(b" ", b"")
+
     def test_zero_retention_and_grace_are_allowed(self) -> None:
         """Retention and the status-change grace may be 0."""
         settings = ServerSettings(result_retention_sec=0, status_change_grace_sec=0)

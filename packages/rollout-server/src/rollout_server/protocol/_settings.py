@@ -152,6 +152,13 @@ class ServerSettings:
         factory=ShutdownTimeouts, validator=_stage_bounds
     )
 
+    def __attrs_post_init__(self) -> None:
+        # Once validated, durations are floats, as the app factory always made them: the
+        # wait and the lease travel in every admission answer (30.0, never 30).
+        for field in attrs.fields(ServerSettings):
+            if field.name.endswith("_sec"):
+                object.__setattr__(self, field.name, float(getattr(self, field.name)))
+
 
 def field_default(name: str) -> Any:
     """The default of the :class:`ServerSettings` field ``name``."""
