@@ -130,14 +130,15 @@ def _add_server_option(group: argparse._ArgumentGroup, option: ServerOption) -> 
     default = option.default()
     text = option.help
     if isinstance(default, bool):
-        group.add_argument(
-            option.flag,
-            dest=option.dest,
-            action="store_const",
-            const=not default,
-            default=None,
-            help=text,
-        )
+        # A switch is given or not: None when absent, so that only given options count.
+        if default:
+            group.add_argument(
+                option.flag, dest=option.dest, action="store_const", const=False, help=text
+            )
+        else:
+            group.add_argument(
+                option.flag, dest=option.dest, action="store_true", default=None, help=text
+            )
         return
     shown = f"{default:g}" if isinstance(default, float) else str(default)
     text = text.format(default=shown) if "{default}" in text else f"{text} (default {shown})"
