@@ -58,11 +58,12 @@ from ._control import RunControl
 from ._errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EvalError, EvalInputError
 from ._failures import format_failures
 from ._journal import latest_by_item, read_journal
+from ._keys import EnvKey
 from ._options import DEFAULT_MAX_CONSECUTIVE_INFRA_FAILURES, DEFAULT_OUTPUT_DIR, EvalOptions
 from ._progress import PROGRESS_MODES, routed_logging
-from ._report import find_run_dir, write_report
 from ._runner import run_eval
 from ._summary import format_summary
+from .report import find_run_dir, write_report
 
 __all__ = ["GC_YOUNG_THRESHOLD", "build_parser", "collector_tuned", "main"]
 
@@ -256,7 +257,7 @@ def _env_key(flag: str, name: str | None) -> str | None:
             f"environment variable {name} (named by {flag}) is not set or blank; export the key "
             f"in it, or drop {flag}"
         )
-    return value
+    return EnvKey(value, env_name=name)
 
 
 def options_from_args(args: argparse.Namespace) -> EvalOptions:
