@@ -198,7 +198,7 @@ class LocalBackend(SlotBackend[Literal[True]]):
 
     async def _execute(self, run: RolloutRun, ambient: RolloutContext) -> ExecutionOutcome:
         request = run.request
-        if not await self.queue_for_slot(run):
+        if not await self._queue_for_slot(run):
             run.workflow = timed_out(run, Phase.WORKFLOW)
             return ExecutionOutcome(workflow=run.workflow)
         held_from = time.monotonic()

@@ -4,7 +4,7 @@ a backend whose rollouts each hold one of a bounded number of slots.
 :class:`SlotBackend` holds the admission side (``max_queued``, reservations and the
 load-based Retry-After of :class:`~rollout_server.execution._admission.SlotAdmission`, the
 ``concurrency`` entry of ``/health``) and the wait for a slot within the agent deadline
-(:meth:`SlotBackend.queue_for_slot`). A subclass says where its slots are: how many
+(:meth:`SlotBackend._queue_for_slot`). A subclass says where its slots are: how many
 rollouts hold or wait for one, how to take one at once, and how to wait for one.
 """
 
@@ -138,7 +138,7 @@ class SlotBackend(ExecutionBackend, Generic[SlotT]):
 
     # -- execution -----------------------------------------------------------------------
 
-    async def queue_for_slot(self, run: RolloutRun) -> SlotT | None:
+    async def _queue_for_slot(self, run: RolloutRun) -> SlotT | None:
         """Take a slot, or wait for one (status ``queued``) within what is left of the
         agent deadline; None when that deadline passed first (no slot is held then).
 

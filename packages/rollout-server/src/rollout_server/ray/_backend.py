@@ -405,7 +405,7 @@ class RayBackend(SlotBackend[PoolWorker]):
             pool = self._pool
             assert pool is not None
         run = RolloutRun.start(request)
-        worker = await self.queue_for_slot(run)
+        worker = await self._queue_for_slot(run)
         if worker is None:  # the agent deadline passed first
             return ExecutionOutcome(workflow=timed_out(run, Phase.WORKFLOW))
         held_from = time.monotonic()
