@@ -224,6 +224,10 @@ class Routes:
         body, content_type = metrics.exposition(request.headers.get(hdrs.ACCEPT))
         return web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
 
+    # Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "The result route
+    #   runs without a middleware frame ..."
+    # Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "The connection's
+    #   keep-alive timer is cancelled while a poll waits ..."
     async def result(self, request: web.Request) -> web.Response:
         """``GET /rollout/{rollout_id}/result``: 422 → 404 → 403 → the result, or renew the
         lease and long-poll.

@@ -138,6 +138,8 @@ class StatusSink:
         self._registry.set_status(self._record, status)
 
 
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "The execution task runs
+#   `backend.execute()` itself ..."
 def start_execution(
     *,
     registry: RolloutRegistry,
