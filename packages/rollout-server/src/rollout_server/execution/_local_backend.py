@@ -215,7 +215,7 @@ class LocalBackend(ExecutionBackend):
             binding = bind_rollout_context(ambient)
         else:
             binding = contextlib.nullcontext(ambient)  # the server bound it already
-
+        run.route = ambient.model_route
         try:
             with binding:
                 outcome = await self._execute(run, ambient)
@@ -296,6 +296,7 @@ class LocalBackend(ExecutionBackend):
             reported=reported,
             timings=run.timings(),
             workflow_info=run.workflow_info,
+            turns=() if run.route is None else tuple(run.route.turns),
         )
 
     def _persist_cancelled(self, run: RolloutRun) -> None:
