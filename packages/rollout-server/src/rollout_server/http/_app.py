@@ -31,6 +31,7 @@ from rollout_types import (
 
 from .._errors import ServerConfigError
 from ..execution._backend import ExecutionBackend
+from ..gateway._gateway import ModelGateway
 from ..observability._tracing import ServerTracing, default_tracer_provider
 from ..protocol._server import (
     DEFAULT_BODY_READ_TIMEOUT_SEC,
@@ -52,6 +53,9 @@ __all__ = ["ROLLOUT_SERVER_KEY", "create_rollout_server"]
 ROLLOUT_SERVER_KEY: Final = web.AppKey("rollout_server", RolloutServer)
 """Where :func:`create_rollout_server` stores the app's :class:`RolloutServer`."""
 
+MODEL_GATEWAY_KEY: Final = web.AppKey("model_gateway", ModelGateway)
+"""Where :func:`create_rollout_server` stores the app's model gateway, when it has one."""
+
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     """The app's cleanup context: bind the registry to the serving loop and start the
@@ -60,9 +64,16 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     then)."""
     server = app[ROLLOUT_SERVER_KEY]
     _ = server.registry.loop
-    await server.backend.startup()
-    yield
-    await server.drain(collect=False)
+    gateway = app.get(MODEL_GATEWAY_KEY)
+    if gateway is not None:
+        await gateway.start()
+    try:
+        await server.backend.startup()
+        yield
+        await server.drain(collect=False)
+    finally:
+        if gateway is not None:
+            await gateway.stop()
 
 
 async def _on_shutdown(app: web.Application) -> None:
@@ -93,6 +104,7 @@ def create_rollout_server(
     body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
     metrics: bool = True,
     tracer_provider: Any = None,
+    model_gateway: ModelGateway | None = None,
 ) -> web.Application:
     """Build the rollout protocol server as an aiohttp application.
 
@@ -135,24 +147,39 @@ def create_rollout_server(
             is set, else one configured from the ``OTEL_*`` environment variables (or
             ``OSMOSIS_ROLLOUT_OTLP_ENDPOINT``) when they ask for an exporter, else no
             tracing at all.
+        model_gateway: A :class:`~rollout_server.gateway.ModelGateway` that gives each
+            rollout its own OpenAI-compatible base URL (the rollout context's
+            ``chat_completions_url`` and ``base_url``) and records its model calls as turns
+            (in ``trajectory.json``, and in the result of a request with
+            ``return_turns``); it starts and stops with the app. Default None: workflows
+            call the request's endpoint directly, and ``return_turns`` gets 422.
 
     Returns:
         The application; its :class:`RolloutServer` is ``app[ROLLOUT_SERVER_KEY]``.
 
     Raises:
         ServerConfigError: (a ``ValueError``) If an argument is out of range.
-        TypeError: If ``backend`` is not an :class:`ExecutionBackend`.
+        TypeError: If ``backend`` is not an :class:`ExecutionBackend`, or
+            ``model_gateway`` not a :class:`~rollout_server.gateway.ModelGateway`.
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2
        ``header_read_timeout_sec``, ``body_read_timeout_sec``, ``metrics`` and
        ``tracer_provider``; request lines (and so result URLs) are limited to 8190 bytes,
        and longer ids are refused at admission.
+
+    .. versionchanged:: 0.3
+       ``model_gateway``.
     """
     if not isinstance(backend, ExecutionBackend):
         raise TypeError(
             "backend must be an instance of rollout_server.ExecutionBackend (subclass it and "
             f"implement execute()); got {type(backend).__name__}"
+        )
+    if model_gateway is not None and not isinstance(model_gateway, ModelGateway):
+        raise TypeError(
+            "model_gateway must be a rollout_server.gateway.ModelGateway; "
+            f"got {type(model_gateway).__name__}"
         )
     wait = _check_seconds("result_wait_timeout_sec", result_wait_timeout_sec)
     lease = _check_seconds("polling_lease_timeout_sec", polling_lease_timeout_sec)
@@ -192,6 +219,7 @@ def create_rollout_server(
         status_change_grace_sec=grace,
         metrics=bool(metrics),
         tracing=None if provider is None else ServerTracing(provider),
+        model_router=model_gateway,
     )
     app = web.Application(
         middlewares=[make_protocol_middleware(api_key)],
@@ -210,6 +238,8 @@ def create_rollout_server(
     )
     install_request_handler(app, guard.handler)
     app[ROLLOUT_SERVER_KEY] = server
+    if model_gateway is not None:
+        app[MODEL_GATEWAY_KEY] = model_gateway
     app.add_routes(Routes(server).table())
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_on_shutdown)

@@ -40,12 +40,14 @@ from rollout_types import (
 from .._logtext import get_logger
 from .._sanitize import fit_json
 from ..execution._backend import ExecutionBackend, ExecutionRequest
+from ..execution._turns import ModelRouter
 from ..observability._observer import NO_OBSERVER, ExecutionObserver
 from ..observability._tracing import ServerTracing
 from ..state._record import RolloutRecord
 from ..state._registry import PublicationObserver, RolloutRegistry
 from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._cancellation import Cancellation
+from ._capture import TurnCapture
 from ._execution import StatusSink, execution_result, start_execution
 from ._metrics import ServerMetrics
 from ._shutdown import ShutdownTimeouts, run_staged_shutdown
@@ -196,6 +198,8 @@ class RolloutServer:
         shutdown_timeouts: Bounds of the staged shutdown.
         metrics: The Prometheus metrics (``GET /metrics``), or None when turned off.
         tracing: The OpenTelemetry spans of the server, or None when it does not trace.
+        model_router: The model gateway that gives each rollout a route (and captures its
+            turns), or None.
     """
 
     def __init__(
@@ -215,6 +219,7 @@ class RolloutServer:
         status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
         metrics: bool = True,
         tracing: ServerTracing | None = None,
+        model_router: ModelRouter | None = None,
     ) -> None:
         self.backend = backend
         self.result_wait_timeout_sec = result_wait_timeout_sec
@@ -232,6 +237,8 @@ class RolloutServer:
         self.instance_id = _instance_id_from_env() or self.process_id
         self.metrics = ServerMetrics(self) if metrics else None
         self.tracing = tracing
+        self.model_router = model_router
+        self._capture = None if model_router is None else TurnCapture(model_router)
         observers: list[PublicationObserver] = [
             observer for observer in (self.metrics, tracing) if observer is not None
         ]
@@ -239,7 +246,7 @@ class RolloutServer:
             polling_lease_timeout_sec=polling_lease_timeout_sec,
             result_retention_sec=result_retention_sec,
             on_lease_expired=self._on_lease_expired,
-            outcome_of=execution_result,
+            outcome_of=execution_result if self._capture is None else self._capture.outcome_of,
             status_change_grace_sec=status_change_grace_sec,
             observers=observers,
         )
@@ -332,16 +339,22 @@ class RolloutServer:
             scheduled = True  # start_execution schedules _on_start before anything else
             if self._turns is not None:
                 self._turns.unstarted += 1
+            capture = self._capture
+            route = None if capture is None else capture.open(init)
             # Traced: the task's context gets the rollout's span (and the server's tracer).
             with trace_scope(record):
-                return start_execution(
+                task = start_execution(
                     registry=registry,
                     backend=backend,
                     record=record,
                     request=request,
                     process_id=self.process_id,
                     on_start=self._on_start,
+                    model_route=route,
                 )
+            if capture is not None and route is not None:
+                capture.watch(task, route)
+            return task
 
         try:
             _record, token = registry.register(init.rollout_id, start, admitted_at)
@@ -363,6 +376,11 @@ class RolloutServer:
             self.backend.release_reservation()
         except Exception:
             logger.exception("backend.release_reservation() failed")
+
+    @property
+    def captures_turns(self) -> bool:
+        """Whether the server runs a model gateway (and so can answer ``return_turns``)."""
+        return self._capture is not None
 
     # -- cancellation ---------------------------------------------------------------------
 
