@@ -51,15 +51,18 @@ class TurnFlag(enum.StrEnum):
     """What is missing from, or went wrong with, one captured model turn
     (:attr:`~rollout_types.RolloutTurn.flags`).
 
+    A ``no_*`` flag is set exactly when that field of the turn is null, whatever the
+    reason (the endpoint returned none, or a malformed one: then ``malformed_*`` says so).
+
     .. versionadded:: 0.3
     """
 
     NO_PROMPT_TOKEN_IDS = "no_prompt_token_ids"  # noqa: S105 - model tokens
-    """The endpoint returned no prompt token ids."""
+    """The turn has no prompt token ids."""
     NO_COMPLETION_TOKEN_IDS = "no_completion_token_ids"  # noqa: S105 - model tokens
-    """The endpoint returned no completion token ids."""
+    """The turn has no completion token ids."""
     NO_LOGPROBS = "no_logprobs"
-    """The endpoint returned no logprobs."""
+    """The turn has no logprobs."""
     MALFORMED_TOKEN_IDS = "malformed_token_ids"  # noqa: S105 - model tokens
     """Token ids came back, but not as a list of non-negative integers (dropped)."""
     MALFORMED_LOGPROBS = "malformed_logprobs"

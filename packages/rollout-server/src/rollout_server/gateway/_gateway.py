@@ -418,6 +418,7 @@ class ModelGateway(ModelRouter):
         except (aiohttp.ClientError, TimeoutError) as exc:
             if turn is not None:
                 turn.parts.flag(TurnFlag.DISCONNECTED)
+                turn.record()  # before the cut (see _pipe)
             return _cut_off(request, response, exc)
         except ConnectionError:
             if turn is not None:
@@ -446,6 +447,12 @@ class ModelGateway(ModelRouter):
                     await response.write(chunk)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 broken = True
+                if reader is not None and turn is not None:
+                    # Recorded before the workflow's connection is cut, so a workflow
+                    # that sees the cut finds the turn.
+                    turn.merge(reader.finish(broken=True))
+                    turn.record()
+                    reader = None
                 return _cut_off(request, response, exc)
             except ConnectionError:  # the workflow went away
                 if turn is not None:
@@ -480,6 +487,7 @@ class _TurnDraft:
     messages: list[Any] = attrs.Factory(list)
     status_code: int | None = None
     parts: AnswerParts = attrs.Factory(AnswerParts)
+    recorded: bool = False
 
     def read_request(self, body: bytes, *, ask_tokens: bool) -> bytes:
         """Note the request's messages; return the body to send (asking for token ids and
@@ -517,7 +525,10 @@ class _TurnDraft:
         self.parts = parts
 
     def record(self) -> None:
-        """Add the turn to its route, in call order."""
+        """Add the turn to its route, in call order (once; later calls do nothing)."""
+        if self.recorded:
+            return
+        self.recorded = True
         state, parts = self.state, self.parts
         if self.status_code is not None and self.status_code >= 400:
             parts.flag(TurnFlag.UPSTREAM_ERROR)
