@@ -4,7 +4,7 @@ The server binds a :class:`RolloutContext` around each ``backend.execute()`` cal
 workflow code anywhere below it can call :func:`get_rollout_context` to find the chat
 endpoint, the LLM key and the rollout id, and trace its model calls
 (:meth:`RolloutContext.model_call`). When the server runs a model gateway, the context's
-URLs name the rollout's route through it (:class:`~rollout_server.execution._turns.ModelRoute`)
+URLs name the rollout's route through it (:class:`~rollout_server.ModelRoute`)
 and the turns captured there are readable as :attr:`RolloutContext.captured_turns`.
 """
 

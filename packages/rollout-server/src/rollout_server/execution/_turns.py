@@ -2,7 +2,7 @@
 rollout (the base URL its workflow calls, the turns captured on the way) and the
 :class:`ModelRouter` interface that opens and closes routes.
 
-A gateway (:class:`rollout_server.gateway.ModelGateway`) implements :class:`ModelRouter`;
+A gateway (:class:`~rollout_server.ModelGateway`) implements :class:`ModelRouter`;
 the server opens a route when a rollout's execution starts, binds it into the rollout's
 :class:`~rollout_server.RolloutContext` (whose ``chat_completions_url`` and ``base_url``
 then name the route) and closes it when the execution ends. Execution code sees only the

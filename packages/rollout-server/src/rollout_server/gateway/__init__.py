@@ -5,7 +5,7 @@ loads on the rollout's group) and records every chat completion as a turn: the m
 the answer, its token ids and logprobs, the weights' version, flags for what was missing.
 
 It owns the gateway's listener, its routes and the capture of answers; the server opens a
-route per rollout through the :class:`~rollout_server.execution._turns.ModelRouter`
+route per rollout through the :class:`~rollout_server.ModelRouter`
 interface it implements, so nothing below it knows it exists: execution sees a base URL on
 the rollout's context and the turns it captured. It may import aiohttp, ``execution`` (for
 that interface), ``observability`` and the shared top-level modules; never ``state``,

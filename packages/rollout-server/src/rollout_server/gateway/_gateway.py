@@ -266,7 +266,7 @@ class ModelGateway(ModelRouter):
         group_id: str | None = None,
     ) -> ModelRoute:
         """Open the route of one rollout (see
-        :class:`~rollout_server.execution._turns.ModelRouter`).
+        :class:`~rollout_server.ModelRouter`).
 
         Raises:
             RuntimeError: Before :meth:`start`.

@@ -147,7 +147,7 @@ def create_rollout_server(
             is set, else one configured from the ``OTEL_*`` environment variables (or
             ``OSMOSIS_ROLLOUT_OTLP_ENDPOINT``) when they ask for an exporter, else no
             tracing at all.
-        model_gateway: A :class:`~rollout_server.gateway.ModelGateway` that gives each
+        model_gateway: A :class:`~rollout_server.ModelGateway` that gives each
             rollout its own OpenAI-compatible base URL (the rollout context's
             ``chat_completions_url`` and ``base_url``) and records its model calls as turns
             (in ``trajectory.json``, and in the result of a request with
@@ -160,7 +160,7 @@ def create_rollout_server(
     Raises:
         ServerConfigError: (a ``ValueError``) If an argument is out of range.
         TypeError: If ``backend`` is not an :class:`ExecutionBackend`, or
-            ``model_gateway`` not a :class:`~rollout_server.gateway.ModelGateway`.
+            ``model_gateway`` not a :class:`~rollout_server.ModelGateway`.
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2
@@ -178,7 +178,7 @@ def create_rollout_server(
         )
     if model_gateway is not None and not isinstance(model_gateway, ModelGateway):
         raise TypeError(
-            "model_gateway must be a rollout_server.gateway.ModelGateway; "
+            "model_gateway must be a rollout_server.ModelGateway; "
             f"got {type(model_gateway).__name__}"
         )
     wait = _check_seconds("result_wait_timeout_sec", result_wait_timeout_sec)
