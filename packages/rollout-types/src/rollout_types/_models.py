@@ -195,7 +195,8 @@ class RolloutTurn:
     Token ids and logprobs are those the model endpoint returned (vLLM's and SGLang's
     OpenAI-compatible fields); the gateway asks for them when the workflow did not. A
     field the endpoint did not return, or returned malformed, is null, and ``flags`` says
-    why (:class:`~rollout_types.TurnFlag`): a trainer must not train on a turn whose token ids are null.
+    why (:class:`~rollout_types.TurnFlag`): a trainer must not train on a turn whose token
+    ids are null.
 
     Attributes:
         index: The call's position among the rollout's model calls, from 0.
