@@ -65,6 +65,7 @@ from .._logtext import get_logger
 from .._version import VERSION
 from ..execution._backend import ExecutionBackend
 from ..execution._imports import resolve_import_string
+from ..gateway._gateway import ModelGateway
 from ..http._app import ROLLOUT_SERVER_KEY, create_rollout_server
 from ..http._validation import MAX_POLLABLE_ID_CHARS, MAX_REQUEST_LINE_BYTES
 from ..observability._jsonlog import JsonFormatter
@@ -125,6 +126,8 @@ _SERVER_OPTIONS: Final = (
     "backend_shutdown_timeout_sec",
     "collect_timeout_sec",
     "metrics",
+    "gateway",
+    "model_endpoint",
 )
 
 
@@ -279,6 +282,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="do not serve Prometheus metrics at GET /metrics (served by default)",
     )
+    options.add_argument(
+        "--gateway",
+        action="store_true",
+        default=None,
+        help=(
+            "run a model gateway: each rollout's workflow gets its own OpenAI-compatible base "
+            "URL (RolloutContext.chat_completions_url and base_url) that forwards to the model "
+            "endpoint and records every chat completion as a turn (token ids, logprobs) in "
+            "trajectory.json, and in the result of a request with return_turns"
+        ),
+    )
+    options.add_argument(
+        "--model-endpoint",
+        action="append",
+        default=None,
+        metavar="URL",
+        help=(
+            "a model endpoint's base URL for the gateway (repeatable; implies --gateway): "
+            "rollouts go to these instead of their request's chat_completions_url, spread by "
+            "consistent hashing with bounded loads on their group_id (else their id), so a "
+            "rollout's turns and a group's rollouts share one endpoint and its prefix cache"
+        ),
+    )
     for command in commands.choices.values():  # main() names the subcommand in errors
         command.set_defaults(command_parser=command)
     return parser
@@ -347,6 +373,8 @@ def _server_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["access_log"] = True
     if args.metrics is False:
         kwargs["metrics"] = False
+    if args.gateway or args.model_endpoint:
+        kwargs["model_gateway"] = ModelGateway(endpoints=args.model_endpoint or ())
     stages = {
         "drain_sec": args.drain_timeout_sec,
         "cleanup_sec": args.cleanup_timeout_sec,
