@@ -593,3 +593,36 @@ class TestBadAnswers:
         ):
             assert response.status == 400
         assert set(route.turns[0].flags) >= {TurnFlag.UNPARSED_REQUEST, TurnFlag.UPSTREAM_ERROR}
+
+
+class TestAskingForTokens:
+    def draft(self) -> Any:
+        from rollout_server.execution._turns import ModelRoute
+        from rollout_server.gateway._gateway import _Route, _TurnDraft
+
+        state = _Route(
+            route=ModelRoute(rollout_id="r", base_url="http://g/r/t"),
+            endpoint="http://m/v1",
+            ring_key=None,
+            weight_version=None,
+        )
+        return _TurnDraft(state=state, index=0, started=0.0)
+
+    @pytest.mark.parametrize(
+        ("body", "expected"),
+        [
+            (b"{}", {"logprobs": True, "return_token_ids": True}),
+            (b' {"messages": []}', {"logprobs": True, "return_token_ids": True, "messages": []}),
+            (b'{"logprobs": false}', {"logprobs": False, "return_token_ids": True}),
+            ('{"m": "é"}'.encode("utf-16"), {"m": "é", "logprobs": True, "return_token_ids": True}),
+        ],
+    )
+    def test_missing_knobs_are_added(self, body: bytes, expected: dict[str, Any]) -> None:
+        """Only the knobs the request lacks are added; the rest is kept as sent."""
+        sent = self.draft().read_request(body, ask_tokens=True)
+        assert json.loads(sent) == expected
+
+    def test_a_request_that_says_everything_goes_unchanged(self) -> None:
+        """Nothing to add: the very same bytes."""
+        body = b'{"messages": [], "logprobs": true, "return_token_ids": false}'
+        assert self.draft().read_request(body, ask_tokens=True) is body

@@ -96,6 +96,9 @@ _RESPONSE_DROPPED: Final = frozenset(
 
 _READ_CHUNK: Final = 64 * 1024
 
+_TOKEN_KNOBS: Final = ("logprobs", "return_token_ids")
+"""What the gateway asks for when the workflow did not (vLLM's names; SGLang reads them)."""
+
 
 def _public_url(url: str) -> str:
     """``url`` without credentials (the ``endpoint`` a turn records)."""
@@ -385,6 +388,12 @@ class ModelGateway(ModelRouter):
         chunks: list[bytes] = []
         size = 0
         try:
+            length = upstream.content_length
+            if length is not None and length <= limit:  # the common case: one read
+                data = await upstream.read()
+                if turn is not None:
+                    turn.answer(upstream.status, data)
+                return web.Response(body=data, status=upstream.status, headers=headers)
             async for chunk in upstream.content.iter_chunked(_READ_CHUNK):
                 chunks.append(chunk)
                 size += len(chunk)
@@ -504,12 +513,19 @@ class _TurnDraft:
             self.messages = messages
         if not ask_tokens:
             return body
-        changed = False
-        for key in ("logprobs", "return_token_ids"):
-            if key not in document:
-                document[key] = True
-                changed = True
-        return json.dumps(document, ensure_ascii=False).encode() if changed else body
+        missing = [key for key in _TOKEN_KNOBS if key not in document]
+        if not missing:
+            return body
+        # Spliced in after the opening brace: the rest of the body goes on byte for byte
+        # (and is not encoded again).
+        if body.lstrip()[:1] != b"{":  # not UTF-8 (json reads UTF-16 and -32 too)
+            document.update(dict.fromkeys(missing, True))
+            return json.dumps(document, ensure_ascii=False).encode()
+        head = b"".join(b'"%s":true,' % key.encode() for key in missing)
+        start = body.index(b"{") + 1
+        if not document:
+            head = head[:-1]  # "{}": no member follows
+        return body[:start] + head + body[start:]
 
     def answer(self, status: int, data: bytes) -> None:
         """Take a whole answer."""
