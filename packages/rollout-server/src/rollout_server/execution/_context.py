@@ -34,6 +34,7 @@ __all__ = [
     "context_binding",
     "current_rollout_context",
     "get_rollout_context",
+    "upstream_url",
 ]
 
 CHAT_COMPLETIONS_URL_ENV: Final = "OSMOSIS_CHAT_COMPLETIONS_URL"
@@ -102,12 +103,6 @@ class RolloutContext:
             on_status=on_status,
             model_route=model_route,
         )
-
-    @staticmethod
-    def upstream_url(chat_completions_url: str) -> str:
-        """``chat_completions_url`` after the environment fallback (what a route forwards
-        to when the gateway has no endpoints of its own)."""
-        return chat_completions_url or os.environ.get(CHAT_COMPLETIONS_URL_ENV, "")
 
     @property
     def base_url(self) -> str:
@@ -188,6 +183,12 @@ class RolloutContext:
         if inspect.isawaitable(sample):
             sample = await sample
         return sample
+
+
+def upstream_url(chat_completions_url: str) -> str:
+    """A request's ``chat_completions_url`` after the environment fallback (what a model
+    route forwards to when the gateway has no endpoints of its own)."""
+    return chat_completions_url or os.environ.get(CHAT_COMPLETIONS_URL_ENV, "")
 
 
 def current_rollout_context() -> RolloutContext | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from rollout_types import RolloutInitRequest
 
-from ..execution._context import RolloutContext
+from ..execution._context import upstream_url
 from ..execution._turns import ModelRoute, ModelRouter
 from ..state._record import ResultFields
 from ._execution import execution_result
@@ -41,7 +41,7 @@ class TurnCapture:
         """Open the route of the rollout ``init`` admits (its execution is being set up)."""
         route = self.router.open_route(
             rollout_id=init.rollout_id,
-            chat_completions_url=RolloutContext.upstream_url(init.chat_completions_url),
+            chat_completions_url=upstream_url(init.chat_completions_url),
             weight_version=init.weight_version,
             group_id=init.group_id,
         )
