@@ -238,3 +238,53 @@ class TestGatewayServer:
 
         with pytest.raises(TypeError, match="ModelGateway"):
             create_rollout_server(backend=LocalBackend(TwoCalls), model_gateway=object())  # type: ignore[arg-type]
+
+
+class TestGatewaySettings:
+    def test_model_endpoints_build_the_gateway(self) -> None:
+        """model_endpoints (a setting) implies a gateway over those endpoints; gateway=True
+        alone makes one without endpoints; neither, none."""
+        from rollout_server import ROLLOUT_SERVER_KEY, create_rollout_server
+
+        urls = ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002/v1/"]
+        server = create_rollout_server(backend=LocalBackend(TwoCalls), model_endpoints=urls)[
+            ROLLOUT_SERVER_KEY
+        ]
+        assert isinstance(server.model_router, ModelGateway)
+        assert server.model_router.endpoints == (
+            "http://127.0.0.1:8001/v1",
+            "http://127.0.0.1:8002/v1",
+        )
+        assert server.settings.model_endpoints == tuple(urls)
+        plain = create_rollout_server(backend=LocalBackend(TwoCalls), gateway=True)
+        router = plain[ROLLOUT_SERVER_KEY].model_router
+        assert isinstance(router, ModelGateway)
+        assert router.endpoints == ()
+        none = create_rollout_server(backend=LocalBackend(TwoCalls))[ROLLOUT_SERVER_KEY]
+        assert none.model_router is None
+
+    @pytest.mark.parametrize(
+        ("endpoints", "error", "match"),
+        [
+            ("http://one/v1", TypeError, "list or tuple"),
+            (["gpu-0:8000"], ValueError, "not an http"),
+            (["http://a/v1", "http://a/v1/"], ValueError, "duplicate"),
+        ],
+    )
+    def test_bad_endpoints(self, endpoints: Any, error: type[Exception], match: str) -> None:
+        """A bare string, a URL without http(s) or a duplicate is refused, by name."""
+        from rollout_server import ServerSettings
+
+        with pytest.raises(error, match=match):
+            ServerSettings(model_endpoints=endpoints)
+
+    def test_endpoints_and_a_gateway_instance_clash(self) -> None:
+        """Endpoints go to one place: the setting or the instance, not both."""
+        from rollout_server import ServerConfigError, create_rollout_server
+
+        with pytest.raises(ServerConfigError, match="both given"):
+            create_rollout_server(
+                backend=LocalBackend(TwoCalls),
+                model_endpoints=["http://a/v1"],
+                model_gateway=ModelGateway(),
+            )

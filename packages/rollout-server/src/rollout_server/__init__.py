@@ -38,6 +38,7 @@ from .gateway._gateway import ModelGateway
 from .http._app import ROLLOUT_SERVER_KEY, create_rollout_server
 from .observability._observer import ExecutionObserver
 from .protocol._server import RolloutServer
+from .protocol._settings import ServerSettings
 from .protocol._shutdown import ShutdownTimeouts
 from .ray._backend import RayBackend
 
@@ -71,6 +72,7 @@ __all__ = [
     "SampleSource",
     "ServeTargetError",
     "ServerConfigError",
+    "ServerSettings",
     "ShutdownTimeouts",
     "WorkflowContext",
     "__version__",

@@ -16,7 +16,7 @@ the request, throttled logging of peer errors, the header read timeout.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
 from aiohttp import web
@@ -26,19 +26,20 @@ from rollout_types import (
     DEFAULT_RESULT_RETENTION_SEC,
     DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
     check_api_key,
-    check_seconds,
 )
 
 from .._errors import ServerConfigError
 from ..execution._backend import ExecutionBackend
 from ..gateway._gateway import ModelGateway
 from ..observability._tracing import ServerTracing, default_tracer_provider
-from ..protocol._server import (
+from ..protocol._server import RolloutServer
+from ..protocol._settings import (
     DEFAULT_BODY_READ_TIMEOUT_SEC,
     DEFAULT_HEADER_READ_TIMEOUT_SEC,
     DEFAULT_KEEPALIVE_TIMEOUT_SEC,
     DEFAULT_MAX_BODY_BYTES,
-    RolloutServer,
+    ServerSettings,
+    resolve_settings,
 )
 from ..protocol._shutdown import ShutdownTimeouts
 from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
@@ -84,10 +85,6 @@ async def _on_shutdown(app: web.Application) -> None:
     server.registry.close()
 
 
-def _check_seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
-    return check_seconds(name, value, allow_zero=allow_zero, error=ServerConfigError)
-
-
 def create_rollout_server(
     *,
     backend: ExecutionBackend,
@@ -104,6 +101,9 @@ def create_rollout_server(
     body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
     metrics: bool = True,
     tracer_provider: Any = None,
+    gateway: bool = False,
+    model_endpoints: Sequence[str] = (),
+    settings: ServerSettings | None = None,
     model_gateway: ModelGateway | None = None,
 ) -> web.Application:
     """Build the rollout protocol server as an aiohttp application.
@@ -147,29 +147,39 @@ def create_rollout_server(
             is set, else one configured from the ``OTEL_*`` environment variables (or
             ``OSMOSIS_ROLLOUT_OTLP_ENDPOINT``) when they ask for an exporter, else no
             tracing at all.
+        settings: All the settings above at once (``api_key`` and ``tracer_provider``
+            are not settings); default None: built from the keywords. When given, leave
+            the setting keywords at their defaults.
+        gateway: Whether to run a model gateway (a :class:`~rollout_server.ModelGateway`
+            with the default options) when ``model_gateway`` is not given; default False.
+        model_endpoints: Model endpoints' base URLs for that gateway (a non-empty list
+            implies ``gateway``); default none: each request's ``chat_completions_url``.
         model_gateway: A :class:`~rollout_server.ModelGateway` that gives each
             rollout its own OpenAI-compatible base URL (the rollout context's
             ``chat_completions_url`` and ``base_url``) and records its model calls as turns
             (in ``trajectory.json``, and in the result of a request with
             ``return_turns``); it starts and stops with the app. Default None: workflows
-            call the request's endpoint directly, and ``return_turns`` gets 422.
+            call the request's endpoint directly (unless ``settings.gateway`` or
+            ``settings.model_endpoints`` asks for one), and ``return_turns`` gets 422.
 
     Returns:
         The application; its :class:`RolloutServer` is ``app[ROLLOUT_SERVER_KEY]``.
 
     Raises:
-        ServerConfigError: (a ``ValueError``) If an argument is out of range.
-        TypeError: If ``backend`` is not an :class:`ExecutionBackend`, or
-            ``model_gateway`` not a :class:`~rollout_server.ModelGateway`.
+        ServerConfigError: (a ``ValueError``) If an argument is out of range, or
+            ``settings`` and a setting's keyword are both given, or ``model_gateway`` and
+            ``settings.model_endpoints`` both.
+        TypeError: If ``backend`` is not an :class:`ExecutionBackend`, ``settings`` not a
+            :class:`ServerSettings` or ``shutdown_timeouts`` not a :class:`ShutdownTimeouts`,
+            or ``model_gateway`` not a :class:`~rollout_server.ModelGateway`.
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2
        ``header_read_timeout_sec``, ``body_read_timeout_sec``, ``metrics`` and
        ``tracer_provider``; request lines (and so result URLs) are limited to 8190 bytes,
        and longer ids are refused at admission.
-
     .. versionchanged:: 0.3
-       ``model_gateway``.
+       ``settings``, ``gateway``, ``model_endpoints`` and ``model_gateway``.
     """
     if not isinstance(backend, ExecutionBackend):
         raise TypeError(
@@ -181,58 +191,55 @@ def create_rollout_server(
             "model_gateway must be a rollout_server.ModelGateway; "
             f"got {type(model_gateway).__name__}"
         )
-    wait = _check_seconds("result_wait_timeout_sec", result_wait_timeout_sec)
-    lease = _check_seconds("polling_lease_timeout_sec", polling_lease_timeout_sec)
-    if not lease > wait:
+    settings = resolve_settings(
+        settings,
+        {
+            "result_wait_timeout_sec": result_wait_timeout_sec,
+            "polling_lease_timeout_sec": polling_lease_timeout_sec,
+            "result_retention_sec": result_retention_sec,
+            "max_body_bytes": max_body_bytes,
+            "keepalive_timeout_sec": keepalive_timeout_sec,
+            "access_log": access_log,
+            "shutdown_timeouts": shutdown_timeouts,
+            "status_change_grace_sec": status_change_grace_sec,
+            "header_read_timeout_sec": header_read_timeout_sec,
+            "body_read_timeout_sec": body_read_timeout_sec,
+            "metrics": metrics,
+            "gateway": gateway,
+            "model_endpoints": model_endpoints,
+        },
+    )
+    if model_gateway is None and (settings.gateway or settings.model_endpoints):
+        model_gateway = ModelGateway(endpoints=settings.model_endpoints)
+    elif model_gateway is not None and settings.model_endpoints:
         raise ServerConfigError(
-            f"polling_lease_timeout_sec ({lease}) must be greater than result_wait_timeout_sec "
-            f"({wait}), so a client that re-polls promptly never loses its lease"
+            "model_endpoints (a setting) and model_gateway both given; pass the endpoints "
+            "to ModelGateway(endpoints=...)"
         )
-    retention = _check_seconds("result_retention_sec", result_retention_sec, allow_zero=True)
-    keepalive = _check_seconds("keepalive_timeout_sec", keepalive_timeout_sec)
-    grace = _check_seconds("status_change_grace_sec", status_change_grace_sec, allow_zero=True)
-    header_sec = _check_seconds("header_read_timeout_sec", header_read_timeout_sec)
-    body_sec = _check_seconds("body_read_timeout_sec", body_read_timeout_sec)
-    body_limit: object = max_body_bytes
-    if isinstance(body_limit, bool) or not isinstance(body_limit, int) or body_limit < 1:
-        raise ServerConfigError(f"max_body_bytes must be a positive int; got {max_body_bytes!r}")
     check_api_key(api_key, error=ServerConfigError)
-    timeouts = ShutdownTimeouts() if shutdown_timeouts is None else shutdown_timeouts
-    if not isinstance(timeouts, ShutdownTimeouts):
-        raise TypeError(
-            f"shutdown_timeouts must be a ShutdownTimeouts; got {type(timeouts).__name__}"
-        )
 
     provider = default_tracer_provider() if tracer_provider is None else tracer_provider
     server = RolloutServer(
         backend=backend,
-        result_wait_timeout_sec=wait,
-        polling_lease_timeout_sec=lease,
-        result_retention_sec=retention,
-        max_body_bytes=max_body_bytes,
-        shutdown_timeouts=timeouts,
-        keepalive_timeout_sec=keepalive,
-        header_read_timeout_sec=header_sec,
-        body_read_timeout_sec=body_sec,
+        settings=settings,
         requires_auth=api_key is not None,
-        access_log=bool(access_log),
-        status_change_grace_sec=grace,
-        metrics=bool(metrics),
         tracing=None if provider is None else ServerTracing(provider),
         model_router=model_gateway,
     )
     app = web.Application(
         middlewares=[make_protocol_middleware(api_key)],
-        client_max_size=max_body_bytes,
+        client_max_size=settings.max_body_bytes,
         handler_args={
-            "keepalive_timeout": keepalive,
-            "access_log": logging.getLogger("rollout_server.access") if access_log else None,
+            "keepalive_timeout": settings.keepalive_timeout_sec,
+            "access_log": (
+                logging.getLogger("rollout_server.access") if settings.access_log else None
+            ),
             "max_line_size": MAX_REQUEST_LINE_BYTES,
             "max_field_size": MAX_REQUEST_LINE_BYTES,
         },
     )
     guard = ConnectionGuard(
-        header_read_timeout_sec=header_sec,
+        header_read_timeout_sec=settings.header_read_timeout_sec,
         max_line_bytes=MAX_REQUEST_LINE_BYTES,
         on_refused=None if server.metrics is None else server.metrics.http_refused,
     )

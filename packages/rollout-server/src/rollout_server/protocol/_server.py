@@ -50,13 +50,16 @@ from ._cancellation import Cancellation
 from ._capture import TurnCapture
 from ._execution import StatusSink, execution_result, start_execution
 from ._metrics import ServerMetrics
-from ._shutdown import ShutdownTimeouts, run_staged_shutdown
+from ._settings import (
+    DEFAULT_BODY_READ_TIMEOUT_SEC,
+    DEFAULT_HEADER_READ_TIMEOUT_SEC,
+    DEFAULT_KEEPALIVE_TIMEOUT_SEC,
+    ServerSettings,
+    resolve_settings,
+)
+from ._shutdown import DeliveryWatch, ShutdownTimeouts, run_staged_shutdown
 
 __all__ = [
-    "DEFAULT_BODY_READ_TIMEOUT_SEC",
-    "DEFAULT_HEADER_READ_TIMEOUT_SEC",
-    "DEFAULT_KEEPALIVE_TIMEOUT_SEC",
-    "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_RETRY_AFTER_SEC",
     "INSTANCE_ID_ENV_VARS",
     "Refusal",
@@ -64,21 +67,6 @@ __all__ = [
 ]
 
 logger: Final = get_logger("rollout_server.app")
-
-DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
-"""Default limit on a request body, in bytes (64 MiB; aiohttp's own default is 1 MiB)."""
-
-DEFAULT_KEEPALIVE_TIMEOUT_SEC: Final = 2160.0
-"""Default HTTP keep-alive, in seconds: longer than common load-balancer idle timeouts
-(2100 s and less), so a gateway never reuses a connection the server is closing."""
-
-DEFAULT_HEADER_READ_TIMEOUT_SEC: Final = 30.0
-"""Default bound, in seconds, on receiving a request's headers once its first bytes have
-arrived (an idle keep-alive connection is not timed)."""
-
-DEFAULT_BODY_READ_TIMEOUT_SEC: Final = 60.0
-"""Default bound, in seconds, on receiving a request body once its headers have arrived
-(64 MiB, the default body limit, at about 1.1 MB/s)."""
 
 DEFAULT_RETRY_AFTER_SEC: Final = 5.0
 """The ``Retry-After`` hint (seconds) when the backend's own fails (osmosis-ai's default)."""
@@ -183,34 +171,26 @@ class RolloutServer:
         process_id: A UUID4, new for every server instance (``/health`` ``process_id``).
         instance_id: ``$ROLLOUT_INSTANCE_ID``, else ``$_OSMOSIS_ROLLOUT_INSTANCE_ID``, else
             ``process_id``.
-        result_wait_timeout_sec: Long-poll wait, seconds.
-        polling_lease_timeout_sec: Polling lease, seconds.
-        result_retention_sec: Retention of a published result, seconds.
-        max_body_bytes: Largest accepted request body, bytes.
-        keepalive_timeout_sec: HTTP keep-alive of idle connections, seconds.
-        header_read_timeout_sec: Bound on receiving a request's headers, seconds.
-        body_read_timeout_sec: Bound on receiving a request body, seconds.
+        settings: The server's :class:`~rollout_server.ServerSettings`; each of its
+            fields but ``metrics`` is also an attribute of the same name (the 0.1 API).
         requires_auth: Whether requests must carry the API key.
-        access_log: Whether one line per request is logged to ``rollout_server.access``.
-        status_change_grace_sec: How long a long poll goes on waiting after a non-terminal
-            status change, for a result that may follow, seconds (put off while the event
-            loop is saturated).
-        shutdown_timeouts: Bounds of the staged shutdown.
         metrics: The Prometheus metrics (``GET /metrics``), or None when turned off.
         tracing: The OpenTelemetry spans of the server, or None when it does not trace.
         model_router: The model gateway that gives each rollout a route (and captures its
             turns), or None.
+        deliveries: Told of every first delivery of a result; the shutdown's collect
+            window waits on it.
     """
 
     def __init__(
         self,
         *,
         backend: ExecutionBackend,
-        result_wait_timeout_sec: float,
-        polling_lease_timeout_sec: float,
-        result_retention_sec: float,
-        max_body_bytes: int,
-        shutdown_timeouts: ShutdownTimeouts,
+        result_wait_timeout_sec: float | None = None,
+        polling_lease_timeout_sec: float | None = None,
+        result_retention_sec: float | None = None,
+        max_body_bytes: int | None = None,
+        shutdown_timeouts: ShutdownTimeouts | None = None,
         keepalive_timeout_sec: float = DEFAULT_KEEPALIVE_TIMEOUT_SEC,
         header_read_timeout_sec: float = DEFAULT_HEADER_READ_TIMEOUT_SEC,
         body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
@@ -219,35 +199,66 @@ class RolloutServer:
         status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
         metrics: bool = True,
         tracing: ServerTracing | None = None,
+        settings: ServerSettings | None = None,
         model_router: ModelRouter | None = None,
     ) -> None:
+        """Build the server from ``settings``, or from the keyword of each setting (None,
+        or a field's default, is "not given"; see :class:`~rollout_server.ServerSettings`
+        for each one's meaning, default and range).
+
+        Raises:
+            ServerConfigError: If a setting is out of range, or ``settings`` and a setting's
+                keyword are both given.
+
+        .. versionchanged:: 0.3
+           ``settings``; the settings are validated here too.
+        """
+        settings = resolve_settings(
+            settings,
+            {
+                "result_wait_timeout_sec": result_wait_timeout_sec,
+                "polling_lease_timeout_sec": polling_lease_timeout_sec,
+                "result_retention_sec": result_retention_sec,
+                "max_body_bytes": max_body_bytes,
+                "shutdown_timeouts": shutdown_timeouts,
+                "keepalive_timeout_sec": keepalive_timeout_sec,
+                "header_read_timeout_sec": header_read_timeout_sec,
+                "body_read_timeout_sec": body_read_timeout_sec,
+                "access_log": access_log,
+                "status_change_grace_sec": status_change_grace_sec,
+                "metrics": metrics,
+            },
+        )
         self.backend = backend
-        self.result_wait_timeout_sec = result_wait_timeout_sec
-        self.polling_lease_timeout_sec = polling_lease_timeout_sec
-        self.result_retention_sec = result_retention_sec
-        self.max_body_bytes = max_body_bytes
-        self.shutdown_timeouts = shutdown_timeouts
-        self.keepalive_timeout_sec = keepalive_timeout_sec
-        self.header_read_timeout_sec = header_read_timeout_sec
-        self.body_read_timeout_sec = body_read_timeout_sec
+        self.settings = settings
+        self.result_wait_timeout_sec = settings.result_wait_timeout_sec
+        self.polling_lease_timeout_sec = settings.polling_lease_timeout_sec
+        self.result_retention_sec = settings.result_retention_sec
+        self.max_body_bytes = settings.max_body_bytes
+        self.shutdown_timeouts = settings.shutdown_timeouts
+        self.keepalive_timeout_sec = settings.keepalive_timeout_sec
+        self.header_read_timeout_sec = settings.header_read_timeout_sec
+        self.body_read_timeout_sec = settings.body_read_timeout_sec
         self.requires_auth = requires_auth
-        self.access_log = access_log
-        self.status_change_grace_sec = status_change_grace_sec
+        self.access_log = settings.access_log
+        self.status_change_grace_sec = settings.status_change_grace_sec
         self.process_id = str(uuid.uuid4())
         self.instance_id = _instance_id_from_env() or self.process_id
-        self.metrics = ServerMetrics(self) if metrics else None
+        self.metrics = ServerMetrics(self) if settings.metrics else None
         self.tracing = tracing
         self.model_router = model_router
         self._capture = None if model_router is None else TurnCapture(model_router)
+        self.deliveries = DeliveryWatch()
         observers: list[PublicationObserver] = [
             observer for observer in (self.metrics, tracing) if observer is not None
         ]
+        observers.append(self.deliveries)
         self.registry = RolloutRegistry(
-            polling_lease_timeout_sec=polling_lease_timeout_sec,
-            result_retention_sec=result_retention_sec,
+            polling_lease_timeout_sec=settings.polling_lease_timeout_sec,
+            result_retention_sec=settings.result_retention_sec,
             on_lease_expired=self._on_lease_expired,
             outcome_of=execution_result if self._capture is None else self._capture.outcome_of,
-            status_change_grace_sec=status_change_grace_sec,
+            status_change_grace_sec=settings.status_change_grace_sec,
             observers=observers,
         )
         self._cancellation = Cancellation(
