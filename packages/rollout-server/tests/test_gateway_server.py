@@ -18,15 +18,21 @@ from aiohttp.test_utils import TestServer
 from rollout_server import (
     AgentWorkflow,
     AgentWorkflowOutput,
+    ExecutionBackend,
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
     LocalBackend,
     ModelEndpointError,
     ModelGateway,
+    Sample,
     WorkflowContext,
     get_rollout_context,
 )
 from rollout_types import (
     PROTOCOL_VERSION_HEADER,
     RolloutResultResponse,
+    RolloutStatus,
     dumps,
     loads,
     structure_wire,
@@ -288,3 +294,37 @@ class TestGatewaySettings:
                 model_endpoints=["http://a/v1"],
                 model_gateway=ModelGateway(),
             )
+
+
+class RemoteLikeBackend(ExecutionBackend):
+    """A backend that, like a RayBackend worker, never reads the server's ambient context:
+    it calls the model at ``request.chat_completions_url`` itself."""
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{request.chat_completions_url}/chat/completions",
+                json={"messages": request.prompt},
+            ) as response,
+        ):
+            reply = (await response.json())["choices"][0]["message"]
+        return ExecutionOutcome(
+            workflow=ExecutionResult(
+                status=RolloutStatus.SUCCESS,
+                sample=Sample(messages=[*request.prompt, reply], trajectory_messages=[]),
+            )
+        )
+
+
+async def test_a_backend_with_its_own_context_calls_the_route(
+    make_harness: Any, standin: Any
+) -> None:
+    """The request a backend receives names the rollout's route, so a backend that builds
+    its own context (a worker process) is captured too."""
+    app, url = standin
+    harness = await make_harness(RemoteLikeBackend(), model_gateway=ModelGateway())
+    reply = await run(harness, rollout_body("w1", url, return_turns=True))
+    assert reply.json["status"] == "success"
+    (turn,) = reply.json["turns"]
+    assert turn["completion_token_ids"] == STANDIN.produced(app)[0]["completion_token_ids"]

@@ -68,6 +68,8 @@ class ExecutionRequest:
     Timeouts are float seconds measured from ``admitted_at`` (a ``time.monotonic()``
     value); ``None`` means unbounded, zero or less means already expired.
     ``request_extra_fields`` is for persistence only: it is not input to the workflow.
+    With a model gateway (``--gateway``), ``chat_completions_url`` is the rollout's route
+    through it, not the caller's URL.
     ``on_status`` reports a non-terminal status change (``queued``, ``running``,
     ``grading``) to the server's registry; it is safe to call from the event loop only.
     ``observer`` takes the phase timings the backend measures (the server's metrics; a

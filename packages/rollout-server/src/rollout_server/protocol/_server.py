@@ -331,10 +331,14 @@ class RolloutServer:
         scheduled = False
 
         def start(record: RolloutRecord) -> asyncio.Task[Any]:
+            capture = self._capture
+            route = None if capture is None else capture.open(init)
             request = ExecutionRequest(
                 id=init.rollout_id,
                 prompt=init.initial_messages,
-                chat_completions_url=init.chat_completions_url,
+                # With a gateway, the backend sees the rollout's route (a backend that
+                # builds its own context, in a worker process, calls it too).
+                chat_completions_url=init.chat_completions_url if route is None else route.base_url,
                 llm_api_key=init.llm_api_key,
                 label=init.label,
                 metadata=init.metadata,
@@ -350,8 +354,6 @@ class RolloutServer:
             scheduled = True  # start_execution schedules _on_start before anything else
             if self._turns is not None:
                 self._turns.unstarted += 1
-            capture = self._capture
-            route = None if capture is None else capture.open(init)
             # Traced: the task's context gets the rollout's span (and the server's tracer).
             with trace_scope(record):
                 task = start_execution(
