@@ -86,9 +86,13 @@ class _Unbounded:
         return False
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "No `asyncio.timeout` object
+#   for a rollout whose workflow has no deadline ..."
 UNBOUNDED: Final = _Unbounded()
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "A rollout's directory kept as
+#   a string, not a Path object ..."
 @attrs.define(kw_only=True, eq=False)
 class RolloutRun:
     """The mutable record of one rollout inside :meth:`LocalBackend.execute`.

@@ -202,6 +202,8 @@ def _create_temp(path: Path) -> tuple[int, str]:
         return tempfile.mkstemp(dir=directory, prefix=f".{base}.", suffix=".tmp")
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "`trajectory.json` as compact
+#   JSON from the C encoder ..."
 def encode_document(document: Any, name: str, owner: str = "") -> bytes:
     """``document`` as compact strict JSON in UTF-8, with a final newline.
 
@@ -236,6 +238,8 @@ def _encode(document: Any) -> bytes:
     return text.encode() + b"\n"
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "An atomic write costs one
+#   `open` ..."
 def write_json_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (a temporary file, then a rename).
 
@@ -288,6 +292,8 @@ def write_rollout_files(
             write_json_atomic(rollout_dir / name, data)
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "An atomic write costs one
+#   `open` ..."
 def make_directory(path: str | os.PathLike[str]) -> None:
     """Create the directory ``path`` and any missing parents; fine if it exists.
 
@@ -443,4 +449,6 @@ def _write_done(
     elif rollout_logger.isEnabledFor(logging.DEBUG):
         # DEBUG, not INFO: a line per rollout on the hot path (the server's own "finished"
         # line already says the rollout is done).
+        # Speed: benchmarks/README.md, "Server: the `rollout-server serve` process", row "The log
+        #   lines of one loop turn written with one `write` ..."
         rollout_logger.debug("Rollout %s: trajectory saved in %s", request.id, rollout_dir)

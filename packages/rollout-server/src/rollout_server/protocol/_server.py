@@ -9,10 +9,11 @@ the staged shutdown (:mod:`rollout_server.protocol._shutdown`) once, and owns th
 observe the registry, the cancellations and every execution. It knows no HTTP: the routes
 (:mod:`rollout_server.http._routes`) and the app (:mod:`rollout_server.http._app`) sit on top of it.
 
-Admission asks the backend for room exactly once per admitted rollout, however many
-admissions run at once (see :mod:`rollout_server.execution._backend`): a backend with
-``try_reserve()`` holds a reservation until the rollout's execution starts; for a backend
-that only answers ``has_capacity()``, the server counts its own admitted-but-not-started
+Admission asks the backend's ``try_reserve()`` exactly once per admitted rollout, however
+many admissions run at once, and ends each reservation when the rollout's execution starts
+(see :mod:`rollout_server.execution._backend`). The backend's ``admission_mode`` says whether
+it counts those reservations (``"reservations"``) or only the work it has started
+(``"started_work"``); for the latter, the server counts its own admitted-but-not-started
 rollouts and lets a new admission ask only once none is left (:class:`_AdmissionTurns`).
 """
 
@@ -28,6 +29,8 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
+import attrs
+
 from rollout_types import (
     PROTOCOL_VERSION,
     CancelDisposition,
@@ -39,7 +42,7 @@ from rollout_types import (
 
 from .._logtext import get_logger
 from .._sanitize import fit_json
-from ..execution._backend import ExecutionBackend, ExecutionRequest
+from ..execution._backend import ExecutionBackend, admission_mode_of, request_from_init
 from ..execution._turns import ModelRouter
 from ..observability._observer import NO_OBSERVER, ExecutionObserver
 from ..observability._tracing import ServerTracing
@@ -84,16 +87,11 @@ class Refusal(enum.Enum):
     DUPLICATE = 409
 
 
-def _overrides(backend: ExecutionBackend, name: str) -> bool:
-    """Whether ``backend``'s class has its own ``name`` rather than the base class's."""
-    return getattr(type(backend), name, None) is not getattr(ExecutionBackend, name)
-
-
 class _AdmissionTurns:
-    """Admissions in arrival order, each asking a ``has_capacity()``-only backend only once
+    """Admissions in arrival order, each asking a ``"started_work"`` backend only once
     every rollout admitted before it has started (and so counts in the backend's answer).
 
-    Used only for backends without ``try_reserve()`` whose ``has_capacity()`` can refuse.
+    Used only for backends whose ``admission_mode`` is ``"started_work"``.
     Without contention an admission passes at once; otherwise it waits for its turn, which
     comes once the rollouts admitted before it have taken their first step (usually the
     next loop turn).
@@ -271,8 +269,7 @@ class RolloutServer:
         self._trace_scope: Callable[[RolloutRecord], contextlib.AbstractContextManager[None]] = (
             _not_traced if tracing is None else tracing.rollout_scope
         )
-        self._reserves = _overrides(backend, "try_reserve")
-        self._takes_turns = not self._reserves and _overrides(backend, "has_capacity")
+        self._takes_turns = admission_mode_of(backend) == "started_work"
         self._turns: _AdmissionTurns | None = None
         self._accepting = True
         self._side_tasks: set[asyncio.Task[Any]] = set()
@@ -318,12 +315,11 @@ class RolloutServer:
         if not self._accepting:
             return Refusal.SHUTTING_DOWN
         backend = self.backend
-        if not (backend.try_reserve() if self._reserves else backend.has_capacity()):
+        if not backend.try_reserve():
             return Refusal.QUEUE_FULL
         registry = self.registry
         if init.rollout_id in registry:
-            if self._reserves:
-                self._release_reservation()
+            self._release_reservation()
             return Refusal.DUPLICATE
         observer = self._observer
         trace_scope = self._trace_scope
@@ -333,23 +329,16 @@ class RolloutServer:
         def start(record: RolloutRecord) -> asyncio.Task[Any]:
             capture = self._capture
             route = None if capture is None else capture.open(init)
-            request = ExecutionRequest(
-                id=init.rollout_id,
-                prompt=init.initial_messages,
-                # With a gateway, the backend sees the rollout's route (a backend that
-                # builds its own context, in a worker process, calls it too).
-                chat_completions_url=init.chat_completions_url if route is None else route.base_url,
-                llm_api_key=init.llm_api_key,
-                label=init.label,
-                metadata=init.metadata,
-                grade=init.grade,
-                agent_timeout_sec=init.agent_timeout_sec,
-                grader_timeout_sec=init.grader_timeout_sec,
-                request_extra_fields=init.extra_fields,
+            request = request_from_init(
+                init,
                 admitted_at=admitted_at,
                 on_status=StatusSink(registry, record),
                 observer=observer,
             )
+            if route is not None:
+                # The backend sees the rollout's route: a backend that builds its own
+                # context (in a worker process) calls the gateway too.
+                request = attrs.evolve(request, chat_completions_url=route.base_url)
             nonlocal scheduled
             scheduled = True  # start_execution schedules _on_start before anything else
             if self._turns is not None:
@@ -372,7 +361,7 @@ class RolloutServer:
         try:
             _record, token = registry.register(init.rollout_id, start, admitted_at)
         except BaseException:
-            if not scheduled and self._reserves:
+            if not scheduled:
                 self._release_reservation()
             raise
         return token
@@ -381,8 +370,7 @@ class RolloutServer:
         """An admitted rollout starts (or never will): end its reservation or turn."""
         if self._turns is not None:
             self._turns.started()
-        if self._reserves:
-            self._release_reservation()
+        self._release_reservation()
 
     def _release_reservation(self) -> None:
         try:
