@@ -300,7 +300,10 @@ class RemoteLikeBackend(ExecutionBackend):
     """A backend that, like a RayBackend worker, never reads the server's ambient context:
     it calls the model at ``request.chat_completions_url`` itself."""
 
+    seen: ClassVar[list[ExecutionRequest]] = []
+
     async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        RemoteLikeBackend.seen.append(request)
         async with (
             aiohttp.ClientSession() as session,
             session.post(
@@ -320,11 +323,17 @@ class RemoteLikeBackend(ExecutionBackend):
 async def test_a_backend_with_its_own_context_calls_the_route(
     make_harness: Any, standin: Any
 ) -> None:
-    """The request a backend receives names the rollout's route, so a backend that builds
-    its own context (a worker process) is captured too."""
+    """The request a backend receives names the rollout's route (and carries the weight
+    version and group), so a backend that builds its own context (a worker process) is
+    captured too."""
     app, url = standin
     harness = await make_harness(RemoteLikeBackend(), model_gateway=ModelGateway())
-    reply = await run(harness, rollout_body("w1", url, return_turns=True))
+    reply = await run(
+        harness, rollout_body("w1", url, return_turns=True, weight_version="7", group_id="g")
+    )
     assert reply.json["status"] == "success"
+    request = RemoteLikeBackend.seen[-1]
+    assert (request.weight_version, request.group_id) == ("7", "g")
+    assert request.chat_completions_url != url  # the route, not the caller's URL
     (turn,) = reply.json["turns"]
     assert turn["completion_token_ids"] == STANDIN.produced(app)[0]["completion_token_ids"]
