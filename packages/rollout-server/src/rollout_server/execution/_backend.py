@@ -37,6 +37,7 @@ from ..observability._observer import NO_OBSERVER, ExecutionObserver
 __all__ = [
     "INIT_NAMES",
     "REQUEST_FIELDS",
+    "SERVER_ONLY_INIT_FIELDS",
     "SERVER_SET_FIELDS",
     "AdmissionMode",
     "ExecutionBackend",
@@ -81,10 +82,18 @@ class ExecutionRequest:
     Timeouts are float seconds measured from ``admitted_at`` (a ``time.monotonic()``
     value); ``None`` means unbounded, zero or less means already expired.
     ``request_extra_fields`` is for persistence only: it is not input to the workflow.
+    With a model gateway (``--gateway``), ``chat_completions_url`` is the rollout's route
+    through it, not the caller's URL.
     ``on_status`` reports a non-terminal status change (``queued``, ``running``,
     ``grading``) to the server's registry; it is safe to call from the event loop only.
     ``observer`` takes the phase timings the backend measures (the server's metrics; a
     no-op unless the server sets it), also from the event loop only.
+    ``weight_version`` and ``group_id`` are the request's (protocol 1.1; None when not
+    given): the policy weights' version the caller serves the rollout with, and the group
+    (GRPO) it belongs to.
+
+    .. versionchanged:: 0.3
+       ``weight_version`` and ``group_id``.
     """
 
     id: str
@@ -102,6 +111,8 @@ class ExecutionRequest:
         default=_ignore_status, repr=False, eq=False
     )
     observer: ExecutionObserver = attrs.field(default=NO_OBSERVER, repr=False, eq=False)
+    weight_version: str | None = None
+    group_id: str | None = None
 
 
 SERVER_SET_FIELDS: Final = frozenset({"admitted_at", "on_status", "observer"})
@@ -120,6 +131,10 @@ INIT_NAMES: Final = {
     "request_extra_fields": "extra_fields",
 }
 """Each request field's name in ``RolloutInitRequest`` where the two differ."""
+
+SERVER_ONLY_INIT_FIELDS: Final = frozenset({"return_turns"})
+"""``RolloutInitRequest`` fields the server acts on itself and the backend never sees:
+``return_turns`` (whether the result carries the captured model turns)."""
 
 
 def _init_copier() -> Callable[..., ExecutionRequest]:

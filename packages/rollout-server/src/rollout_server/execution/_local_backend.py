@@ -182,7 +182,7 @@ class LocalBackend(SlotBackend[Literal[True]]):
             binding = bind_rollout_context(ambient)
         else:
             binding = contextlib.nullcontext(ambient)  # the server bound it already
-
+        run.route = ambient.model_route
         try:
             with binding:
                 outcome = await self._execute(run, ambient)
@@ -239,6 +239,7 @@ class LocalBackend(SlotBackend[Literal[True]]):
             reported=reported,
             timings=run.timings(),
             workflow_info=run.workflow_info,
+            turns=() if run.route is None else tuple(run.route.turns),
         )
 
     def _persist_cancelled(self, run: RolloutRun) -> None:

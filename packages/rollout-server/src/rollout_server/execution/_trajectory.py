@@ -42,13 +42,13 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
-from rollout_types import is_single_path_segment
+from rollout_types import RolloutTurn, is_single_path_segment
 
 from .._logtext import get_logger
 from .._sanitize import fit_json
@@ -114,6 +114,7 @@ class RolloutFacts:
         reported: The result the caller is told; None means ``outcome.reported()``.
         timings: ``queued_sec``, ``workflow_sec``, ``grader_sec``, ``total_sec``.
         workflow_info: ``AgentWorkflowOutput.info``.
+        turns: The model calls the server's gateway captured, in order (none without one).
     """
 
     request: ExecutionRequest
@@ -121,6 +122,7 @@ class RolloutFacts:
     reported: ExecutionResult | None = None
     timings: Mapping[str, float | None]
     workflow_info: Mapping[str, Any] = attrs.field(factory=dict)
+    turns: Sequence[RolloutTurn] = ()
 
 
 def trajectory_document(facts: RolloutFacts) -> dict[str, Any] | None:
@@ -142,6 +144,7 @@ def trajectory_document(facts: RolloutFacts) -> dict[str, Any] | None:
         grader=grader,
         timings=facts.timings,
         workflow_info=facts.workflow_info,
+        turns=facts.turns,
     )
 
 

@@ -46,6 +46,7 @@ from ._responses import detail_response, json_response
 from ._validation import (
     header_error,
     too_deep_error,
+    turns_unavailable_error,
     unencodable_id_error,
     unpollable_id_error,
 )
@@ -171,6 +172,8 @@ class Routes:
             too_long = unpollable_id_error(init.rollout_id)
             if too_long is not None:
                 raise too_long
+            if init.return_turns and not self._server.captures_turns:
+                raise turns_unavailable_error()
         except WireValidationError as exc:
             return detail_response(422, exc.errors)
         except _BodyError as exc:

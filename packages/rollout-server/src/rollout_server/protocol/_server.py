@@ -29,6 +29,8 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
+import attrs
+
 from rollout_types import (
     PROTOCOL_VERSION,
     CancelDisposition,
@@ -41,12 +43,14 @@ from rollout_types import (
 from .._logtext import get_logger
 from .._sanitize import fit_json
 from ..execution._backend import ExecutionBackend, admission_mode_of, request_from_init
+from ..execution._turns import ModelRouter
 from ..observability._observer import NO_OBSERVER, ExecutionObserver
 from ..observability._tracing import ServerTracing
 from ..state._record import RolloutRecord
 from ..state._registry import PublicationObserver, RolloutRegistry
 from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._cancellation import Cancellation
+from ._capture import TurnCapture
 from ._execution import StatusSink, execution_result, start_execution
 from ._metrics import ServerMetrics
 from ._settings import (
@@ -170,6 +174,8 @@ class RolloutServer:
         requires_auth: Whether requests must carry the API key.
         metrics: The Prometheus metrics (``GET /metrics``), or None when turned off.
         tracing: The OpenTelemetry spans of the server, or None when it does not trace.
+        model_router: The model gateway that gives each rollout a route (and captures its
+            turns), or None.
         deliveries: Told of every first delivery of a result; the shutdown's collect
             window waits on it.
     """
@@ -192,6 +198,7 @@ class RolloutServer:
         metrics: bool = True,
         tracing: ServerTracing | None = None,
         settings: ServerSettings | None = None,
+        model_router: ModelRouter | None = None,
     ) -> None:
         """Build the server from ``settings``, or from the keyword of each setting (None,
         or a field's default, is "not given"; see :class:`~rollout_server.ServerSettings`
@@ -237,6 +244,8 @@ class RolloutServer:
         self.instance_id = _instance_id_from_env() or self.process_id
         self.metrics = ServerMetrics(self) if settings.metrics else None
         self.tracing = tracing
+        self.model_router = model_router
+        self._capture = None if model_router is None else TurnCapture(model_router)
         self.deliveries = DeliveryWatch()
         observers: list[PublicationObserver] = [
             observer for observer in (self.metrics, tracing) if observer is not None
@@ -246,7 +255,7 @@ class RolloutServer:
             polling_lease_timeout_sec=settings.polling_lease_timeout_sec,
             result_retention_sec=settings.result_retention_sec,
             on_lease_expired=self._on_lease_expired,
-            outcome_of=execution_result,
+            outcome_of=execution_result if self._capture is None else self._capture.outcome_of,
             status_change_grace_sec=settings.status_change_grace_sec,
             observers=observers,
         )
@@ -318,26 +327,36 @@ class RolloutServer:
         scheduled = False
 
         def start(record: RolloutRecord) -> asyncio.Task[Any]:
+            capture = self._capture
+            route = None if capture is None else capture.open(init)
             request = request_from_init(
                 init,
                 admitted_at=admitted_at,
                 on_status=StatusSink(registry, record),
                 observer=observer,
             )
+            if route is not None:
+                # The backend sees the rollout's route: a backend that builds its own
+                # context (in a worker process) calls the gateway too.
+                request = attrs.evolve(request, chat_completions_url=route.base_url)
             nonlocal scheduled
             scheduled = True  # start_execution schedules _on_start before anything else
             if self._turns is not None:
                 self._turns.unstarted += 1
             # Traced: the task's context gets the rollout's span (and the server's tracer).
             with trace_scope(record):
-                return start_execution(
+                task = start_execution(
                     registry=registry,
                     backend=backend,
                     record=record,
                     request=request,
                     process_id=self.process_id,
                     on_start=self._on_start,
+                    model_route=route,
                 )
+            if capture is not None and route is not None:
+                capture.watch(task, route)
+            return task
 
         try:
             _record, token = registry.register(init.rollout_id, start, admitted_at)
@@ -358,6 +377,11 @@ class RolloutServer:
             self.backend.release_reservation()
         except Exception:
             logger.exception("backend.release_reservation() failed")
+
+    @property
+    def captures_turns(self) -> bool:
+        """Whether the server runs a model gateway (and so can answer ``return_turns``)."""
+        return self._capture is not None
 
     # -- cancellation ---------------------------------------------------------------------
 

@@ -35,7 +35,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Protocol
 
-from rollout_types import CancelDisposition, RolloutErrorCategory, RolloutSample, RolloutStatus
+from rollout_types import (
+    CancelDisposition,
+    RolloutErrorCategory,
+    RolloutSample,
+    RolloutStatus,
+    RolloutTurn,
+)
 
 from .._logtext import get_logger
 from ..observability._jsonlog import log_fields
@@ -287,6 +293,7 @@ class RolloutRegistry:
         sample: RolloutSample | None = None,
         err_message: str | None = None,
         err_category: RolloutErrorCategory | None = None,
+        turns: list[RolloutTurn] | None = None,
     ) -> bool:
         """Fix the result of ``record``, unless one is fixed already (exactly once).
 
@@ -305,6 +312,7 @@ class RolloutRegistry:
             sample=sample,
             err_message=err_message,
             err_category=err_category,
+            turns=turns,
         )
         record.status = status
         self._log_finished(record, status, sample, err_message, err_category)
@@ -483,6 +491,7 @@ class RolloutRegistry:
                             sample=fields.sample,
                             err_message=fields.err_message,
                             err_category=fields.err_category,
+                            turns=fields.turns,
                         )
                     return
                 logger.error(
