@@ -24,12 +24,15 @@ from rollout_client._retry import next_delay, parse_retry_after, retry_fits_leas
 from rollout_client._transport import TransportFailure, check_protocol_version, classify
 
 EXPECTED_ALL = [
+    "GroupRollout",
     "PoolServerStatus",
     "RetrySettings",
     "RolloutAdmissionTimeoutError",
     "RolloutClient",
     "RolloutClientError",
     "RolloutClientPool",
+    "RolloutGroup",
+    "RolloutGroupHandle",
     "RolloutHandle",
     "RolloutNotFoundError",
     "RolloutProtocolError",

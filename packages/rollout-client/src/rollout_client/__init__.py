@@ -1,5 +1,6 @@
 """Caller side of the rollout protocol: ``RolloutClient``, the awaitable ``RolloutHandle``
-and ``RolloutClientPool`` over several servers.
+and ``RolloutClientPool`` over several servers; groups of sibling rollouts
+(``RolloutGroupHandle``, ``RolloutGroup``, ``GroupRollout``).
 
 ``rollout_client.eval`` is the ``rollout-eval`` job as a library; ``rollout_client.testing``
 holds hooks for tests (instant sleeps, a simulated clock).
@@ -16,6 +17,7 @@ from ._errors import (
     RolloutProtocolVersionError,
     RolloutServersUnavailableError,
 )
+from ._group import GroupRollout, RolloutGroup, RolloutGroupHandle
 from ._handle import RolloutHandle
 from ._pool import RolloutClientPool
 from ._retry import RetrySettings
@@ -25,12 +27,15 @@ from ._version import VERSION
 __version__ = VERSION
 
 __all__ = [
+    "GroupRollout",
     "PoolServerStatus",
     "RetrySettings",
     "RolloutAdmissionTimeoutError",
     "RolloutClient",
     "RolloutClientError",
     "RolloutClientPool",
+    "RolloutGroup",
+    "RolloutGroupHandle",
     "RolloutHandle",
     "RolloutNotFoundError",
     "RolloutProtocolError",

@@ -16,12 +16,15 @@ import attrs
 
 from rollout_types import (
     PROTOCOL_VERSION,
+    PROTOCOL_VERSION_HEADER,
+    TURNS_PROTOCOL_VERSION,
     RolloutInitRequest,
     RolloutInitResponse,
     WireValidationError,
     check_seconds,
     dumps,
     loads,
+    protocol_supports,
     structure_wire,
 )
 
@@ -207,6 +210,7 @@ async def admit(
     rollout_id: str,
     body: bytes,
     timeout_sec: float | None,
+    needs_turns: bool = False,
 ) -> tuple[RolloutInitResponse, float]:
     """POST the admission, retrying 429s, within the admission deadline.
 
@@ -217,6 +221,8 @@ async def admit(
         rollout_id: The rollout's id (also in ``body``).
         body: The encoded :class:`RolloutInitRequest`.
         timeout_sec: The admission deadline, seconds; None for none; <= 0 expires at once.
+        needs_turns: The request asks for ``return_turns``: a 202 from a server whose
+            protocol version does not support it raises; default False.
 
     Returns:
         The 202 answer and the send time (on ``settings.clock``) of the request it answered.
@@ -235,12 +241,25 @@ async def admit(
             if response.status == 429:
                 await settings.sleep(parse_retry_after(response.headers, settings.retry))
                 continue
-            return admission_answer(rollout_id, response), sent_at
+            return admission_answer(rollout_id, response, needs_turns=needs_turns), sent_at
 
 
-def admission_answer(rollout_id: str, response: HttpResponse) -> RolloutInitResponse:
-    """Accept a 202 with a valid body for ``rollout_id``; raise for anything else."""
+def admission_answer(
+    rollout_id: str, response: HttpResponse, *, needs_turns: bool = False
+) -> RolloutInitResponse:
+    """Accept a 202 with a valid body for ``rollout_id``; raise for anything else.
+
+    Args:
+        rollout_id: The rollout admitted.
+        response: The answer to its ``POST /rollout``.
+        needs_turns: The request set ``return_turns``: a 202 from a server that does not
+            advertise :data:`~rollout_types.TURNS_PROTOCOL_VERSION` or later (a 1.0
+            server, an osmosis-ai one: both ignore the key and would answer no turns)
+            raises :class:`RolloutProtocolVersionError`; default False.
+    """
     status = response.status
+    if status == 202 and needs_turns:
+        _check_turns_supported(rollout_id, response)
     if status == 202:
         try:
             admitted = structure_wire(loads(response.body), RolloutInitResponse)
@@ -270,6 +289,24 @@ def admission_answer(rollout_id: str, response: HttpResponse) -> RolloutInitResp
         + _ADMISSION_HINTS.get(status, "")
         + response.detail_suffix(),
         status_code=status,
+    )
+
+
+def _check_turns_supported(rollout_id: str, response: HttpResponse) -> None:
+    """Raise when the server that admitted a ``return_turns`` request cannot answer turns."""
+    advertised = response.headers.get(PROTOCOL_VERSION_HEADER)
+    if protocol_supports(advertised, TURNS_PROTOCOL_VERSION):
+        return
+    theirs = "none (an osmosis-ai server)" if advertised is None else advertised.strip()
+    raise RolloutProtocolVersionError(
+        f"rollout {rollout_id} asked for return_turns, but the rollout server advertises "
+        f"rollout protocol {theirs}, and turns need {TURNS_PROTOCOL_VERSION} or later (it "
+        "would answer without them); upgrade the server (rollout-server >= 0.3, started with "
+        "--gateway), or drop return_turns; the server admitted the rollout and fails it as "
+        "lease_expired (cancelling its work) once its polling lease runs out unpolled",
+        status_code=202,
+        client_version=PROTOCOL_VERSION,
+        server_version=theirs,
     )
 
 

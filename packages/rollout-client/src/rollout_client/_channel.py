@@ -120,6 +120,7 @@ class ServerChannel:
             rollout_id=request.rollout_id,
             body=encode_request(request),
             timeout_sec=timeout_sec,
+            needs_turns=request.return_turns,
         )
         return self.start_polling(admitted, sent_at)
 

@@ -8,7 +8,10 @@ it is in rotation, until when a 429 keeps it busy, and its last ``process_id``.
 Routing of one admission (all of it within ``admission_timeout_sec``):
 
 1. Among the servers in rotation that no 429 keeps busy, take the one with the fewest
-   outstanding rollouts (admissions in progress count); ties go round-robin.
+   outstanding rollouts (admissions in progress count); ties go round-robin. A rollout
+   with a ``group_id`` goes to the server its group was sent to (the group's first
+   rollout chose it as above), waiting out that server's 429s, while that server is in
+   rotation; once it is not, the group moves to the server this rollout is admitted by.
 2. 429: the server is skipped until its ``Retry-After`` passes (read and clamped as
    :class:`RolloutClient` does, with the pool's :class:`RetrySettings`) and the next is
    tried; when every server in rotation is busy, wait for the first to be free again.
@@ -70,7 +73,8 @@ __all__ = [
 ]
 
 ENDED_ROUTES_KEPT: Final = 10_000
-"""Ended rollouts whose server the pool still remembers for :meth:`cancel_rollout`."""
+"""Ended rollouts whose server the pool still remembers for :meth:`cancel_rollout` (and
+groups whose server it remembers for their next rollout)."""
 
 UNAVAILABLE_STATUSES: Final = frozenset({502, 503, 504})
 """Statuses that take a server out of rotation: an admission answered so was not admitted
@@ -161,6 +165,7 @@ class RolloutClientPool(RolloutApi):
         self._next = 0
         self._live: dict[str, PoolServer] = {}
         self._ended: dict[str, PoolServer] = {}
+        self._groups: dict[str, PoolServer] = {}
         self._started = False
         self._closed = False
 
@@ -219,9 +224,9 @@ class RolloutClientPool(RolloutApi):
         failed: dict[str, str] = {}
         async with admission_deadline(rollout_id, self._admission_timeout_sec) as attempt:
             while True:
-                server = self._pick(failed)
+                server = self._pick(failed, request.group_id)
                 if server is None:
-                    await self._when_none_free(rollout_id, failed)
+                    await self._when_none_free(rollout_id, failed, request.group_id)
                     continue
                 attempt.in_flight = True
                 handle = await self._try(server, request, failed)
@@ -258,7 +263,9 @@ class RolloutClientPool(RolloutApi):
                 )
                 self._rotation.take_out(server, failed[server.url], shutting_down=shutting_down)
                 return None
-            admitted = admission_answer(request.rollout_id, response)
+            admitted = admission_answer(
+                request.rollout_id, response, needs_turns=request.return_turns
+            )
             handle = server.channel.start_polling(
                 admitted, sent_at, on_done=self._finished(server, admitted.rollout_id)
             )
@@ -268,9 +275,21 @@ class RolloutClientPool(RolloutApi):
         self._track(server, handle.rollout_id)
         return handle
 
-    def _pick(self, failed: Mapping[str, str]) -> PoolServer | None:
-        """The free server in rotation with the fewest outstanding rollouts (round-robin ties)."""
+    def _group_server(self, group_id: str | None, failed: Mapping[str, str]) -> PoolServer | None:
+        """The server of ``group_id`` while it is in rotation (and did not fail this time)."""
+        server = None if group_id is None else self._groups.get(group_id)
+        if server is None or not server.available or server.url in failed:
+            return None
+        return server
+
+    def _pick(self, failed: Mapping[str, str], group_id: str | None = None) -> PoolServer | None:
+        """The free server in rotation with the fewest outstanding rollouts (round-robin
+        ties); for a group whose server is in rotation, that server once no 429 keeps it
+        busy (None until then)."""
         now = self._rotation.settings.clock()
+        pinned = self._group_server(group_id, failed)
+        if pinned is not None:
+            return pinned if pinned.busy_until <= now else None
         count = len(self._servers)
         best: PoolServer | None = None
         best_key = (0, 0)
@@ -282,10 +301,23 @@ class RolloutClientPool(RolloutApi):
                 best, best_key = server, key
         if best is not None:
             self._next = (best.index + 1) % count
+            if group_id is not None:
+                self._groups.pop(group_id, None)
+                self._groups[group_id] = best
+                if len(self._groups) > ENDED_ROUTES_KEPT:
+                    del self._groups[next(iter(self._groups))]
         return best
 
-    async def _when_none_free(self, rollout_id: str, failed: Mapping[str, str]) -> None:
-        """Wait for a busy server, or probe the ones out of rotation; raise if none is left."""
+    async def _when_none_free(
+        self, rollout_id: str, failed: Mapping[str, str], group_id: str | None = None
+    ) -> None:
+        """Wait for a busy server (the group's, for a group on a server in rotation), or
+        probe the ones out of rotation; raise if none is left."""
+        pinned = self._group_server(group_id, failed)
+        if pinned is not None:
+            settings = self._rotation.settings
+            await settings.sleep(max(pinned.busy_until - settings.clock(), 0.0))
+            return
         busy = [
             server.busy_until
             for server in self._servers

@@ -41,7 +41,7 @@ from typing import Final
 
 import aiohttp
 
-from rollout_types import RolloutErrorCategory, RolloutResultResponse, RolloutStatus
+from rollout_types import RolloutResultResponse, RolloutStatus
 
 from .._admission import SHUTTING_DOWN_DETAIL
 from .._errors import (
@@ -50,6 +50,7 @@ from .._errors import (
     RolloutProtocolVersionError,
     RolloutServersUnavailableError,
 )
+from .._infra import SCORED_FAILURE_CATEGORIES
 
 __all__ = [
     "Classified",
@@ -61,14 +62,8 @@ __all__ = [
     "server_draining_reason",
 ]
 
-_SCORED_FAILURE_CATEGORIES: Final = frozenset(
-    {
-        None,
-        RolloutErrorCategory.AGENT_ERROR,
-        RolloutErrorCategory.TIMEOUT,
-        RolloutErrorCategory.VALIDATION_ERROR,
-    }
-)
+_SCORED_FAILURE_CATEGORIES: Final = SCORED_FAILURE_CATEGORIES
+"""The client's one list of scored failure categories (``_infra.py``, shared with groups)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
