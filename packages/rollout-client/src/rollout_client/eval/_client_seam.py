@@ -68,10 +68,6 @@ def default_client_factory(**kwargs: Any) -> RunClient:
     return client
 
 
-_NOT_SENT = ("return_turns", "weight_version", "group_id")
-"""Fields of :class:`~rollout_types.RolloutInitRequest` a run leaves at their defaults."""
-
-
 async def start_rollout(
     client: RunClient,
     *,
@@ -79,10 +75,13 @@ async def start_rollout(
     row: DatasetRow,
     rollout_id: str,
     item: tuple[int, int],
+    group_id: str | None = None,
 ) -> Any:
     """Admit one work item (``row``'s prompt and label, graded); return its :class:`RunHandle`.
 
-    ``extra_fields`` carries the item's ``row_index`` and ``run_index`` to the server.
+    ``extra_fields`` carries the item's ``row_index`` and ``run_index`` to the server;
+    ``group_id`` (the row's group, with ``--n`` above 1) is sent only when set, as
+    :meth:`~rollout_client.RolloutClient.run_rollout_async` sends it.
 
     Raises:
         ValueError: The wire model rejects the request.
@@ -100,6 +99,8 @@ async def start_rollout(
         extra_fields={"row_index": item[0], "run_index": item[1]},
     )
     fields = attrs.asdict(request, recurse=False)
-    for name in _NOT_SENT:  # protocol 1.1 keys the run never sets (the client has no such keywords)
-        del fields[name]
+    for name in ("return_turns", "weight_version", "group_id"):
+        del fields[name]  # protocol 1.1 keys: passed only when set (a fake may not take them)
+    if group_id is not None:
+        fields["group_id"] = group_id
     return await client.run_rollout_async(**fields)

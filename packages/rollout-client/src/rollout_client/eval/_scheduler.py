@@ -1,5 +1,13 @@
 """The scheduling half of a run: at most ``concurrency`` work items in flight, each with a
-fresh ``uuid4().hex`` rollout id and a deadline, and stopping when :class:`RunControl` says so.
+fresh rollout id and a deadline, and stopping when :class:`RunControl` says so.
+
+Rollout ids: with ``--n 1`` a fresh ``uuid4().hex`` per item; with ``--n`` K > 1 the K runs
+of a row are a group (GRPO's n samples of one prompt): a fresh ``uuid4().hex`` group id per
+row and per invocation, the item of run ``r`` is ``<group>-<r>`` and is sent with
+``group_id=<group>`` (a server's model gateway routes the group to one model endpoint; a
+pool keeps it on one server). A resumed run gives the rows it runs again new group ids,
+so every rollout id stays fresh. Each run of a row is still scheduled, deadlined, recorded
+and resumed as its own item (an infrastructure failure is never scored, it stays pending).
 
 A stop (the stop rule, Ctrl-C, a failing worker) starts no new rollouts and cancels the
 in-flight ones: admitted rollouts on the server (through a separate client, bounded),
@@ -86,6 +94,14 @@ class Scheduler:
         self._cancel_tasks: set[asyncio.Task[None]] = set()
         self._cancel_failures: list[Exception] = []
         self._in_flight_at_stop: set[Item] = set()
+        self._groups: dict[int, str] = {}
+
+    def _ids(self, item: Item) -> tuple[str, str | None]:
+        """The rollout id and group id (None with ``--n 1``) of a work item."""
+        if self.options.n == 1:
+            return uuid.uuid4().hex, None
+        group = self._groups.setdefault(item[0], uuid.uuid4().hex)
+        return f"{group}-{item[1]}", group
 
     def cancelled_items(self) -> frozenset[Item]:
         """The items in flight when the run stopped that ended without a journal record
@@ -97,7 +113,8 @@ class Scheduler:
 
     async def run_item(self, item: Item) -> None:
         """Admit one item, await its result within the deadline, and record the ending."""
-        flight = _Flight(item=item, rollout_id=uuid.uuid4().hex)
+        rollout_id, group_id = self._ids(item)
+        flight = _Flight(item=item, rollout_id=rollout_id)
         self.flights[flight.rollout_id] = flight
         started = time.monotonic()
         try:
@@ -108,6 +125,7 @@ class Scheduler:
                     row=self.rows[item[0]],
                     rollout_id=flight.rollout_id,
                     item=item,
+                    group_id=group_id,
                 )
             )
             flight.admission = admission
