@@ -240,6 +240,7 @@ class RolloutGroupHandle:
         self._policy = policy
         self._max_retries = max_retries
         self._current = [sibling_id(group_id, k) for k in range(len(firsts))]
+        self._handles = [first if isinstance(first, RolloutHandle) else None for first in firsts]
         self._task = asyncio.get_running_loop().create_task(
             self._collect(firsts), name=f"rollout-group:{group_id}"
         )
@@ -269,7 +270,11 @@ class RolloutGroupHandle:
         :attr:`rollout_ids` for that. Awaiting the handle then raises
         :class:`asyncio.CancelledError`.
         """
-        return self._task.cancel()
+        running = self._task.cancel()
+        for handle in self._handles:  # also when the task was cancelled before it started
+            if handle is not None:
+                handle.cancel()
+        return running
 
     def __await__(self) -> Generator[Any, None, RolloutGroup]:
         return asyncio.shield(self._task).__await__()
@@ -331,4 +336,7 @@ class RolloutGroupHandle:
             retry += 1
             attempts.append(sibling_id(self._group_id, index, retry))
             self._current[index] = attempts[-1]
+            self._handles[index] = None
             attempt = await _admit_one(self._submit, self._request_for(index, retry))
+            if isinstance(attempt, RolloutHandle):
+                self._handles[index] = attempt
