@@ -332,6 +332,43 @@ def integration(session: nox.Session) -> None:
     )
 
 
+TRAINER_TORCH = "torch==2.13.0"
+"""The CPU build of PyTorch pip takes from this machine's disk (uv does not look there)."""
+TRAINER_LIBRARIES = ("trl", "verl")
+"""The trainers whose adapters ``rollout_client.trainers`` holds, each tried on its own."""
+
+
+@nox.session(python="3.11", venv_backend="virtualenv")
+def trainers(session: nox.Session) -> None:
+    """The trainer adapters against the real TRL and verl, where they install (by hand, not
+    in the default set; several GB of downloads).
+
+    pip (not uv) installs the CPU PyTorch first and pins it (a constraints file), then TRL
+    and verl each on its own: one that does not install with that PyTorch is reported and
+    skipped, and ``tests/integration/test_trainer_adapters.py`` runs with what installed
+    (its real-library checks skip for a library that is absent).
+    """
+    install_wheels(session, "rollout-types", "rollout-client", "rollout-server", extras=TEST_EXTRAS)
+    session.install(*TEST_DEPS)
+    session.run("python", "-m", "pip", "install", TRAINER_TORCH)
+    constraints = Path(session.create_tmp()) / "torch-constraint.txt"
+    constraints.write_text(TRAINER_TORCH + "\n", "utf-8")
+    for library in TRAINER_LIBRARIES:
+        session.run(
+            "python", "-m", "pip", "install", "-c", str(constraints), library, success_codes=[0, 1]
+        )
+        found = session.run(
+            "python",
+            "-c",
+            f"import importlib.util; print(bool(importlib.util.find_spec({library!r})))",
+            silent=True,
+        )
+        if not (isinstance(found, str) and found.strip() == "True"):
+            session.warn(f"{library} did not install beside {TRAINER_TORCH}: its checks skip")
+    session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
+    run_pytest(session, "tests/integration/test_trainer_adapters.py", "-rs")
+
+
 REPORT_SCREENSHOTS = ROOT / ".nox" / "report-screenshots"
 CHROMIUM_PACKAGES = ("chromium", "fonts-dejavu-core")
 """Debian packages of the browser checks: the browser, and a font to render text with."""

@@ -357,3 +357,30 @@ def test_trl_documents_the_contract() -> None:
     source = inspect.getsource(grpo_trainer.GRPOTrainer)
     assert 'required_keys = {"prompt_ids", "completion_ids", "logprobs"}' in source
     assert "env_mask" in source
+
+
+async def test_training_example_runs(tmp_path: Path) -> None:
+    """examples/training/group_with_turns.py runs a group of four on the stand-ins and
+    prints each sibling's reward and each turn's token ids and logprobs."""
+    import io
+
+    spec = importlib.util.spec_from_file_location(
+        "group_with_turns", ROOT / "examples" / "training" / "group_with_turns.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = io.StringIO()
+    async with asyncio.timeout(60):
+        group = await example.run(4, out, tmp_path / "artifacts")
+    text = out.getvalue()
+    assert len(group.unmasked) == 4
+    assert text.count(": reward 1.0") == 4
+    assert text.count("completion tokens [") == 8  # two model turns per sibling
+    assert "weight_version step-0" in text
+    for sibling in group.rollouts:
+        for turn in sibling.turns:
+            assert turn.completion_token_ids
+            assert turn.logprobs is not None
+            assert len(turn.logprobs) == len(turn.completion_token_ids)
