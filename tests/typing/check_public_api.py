@@ -108,6 +108,63 @@ async def _pool_usage() -> None:
         del final, cancelled, available, process_id, idle, urls, reasons, shutting_down, lookup
 
 
+async def _group_usage() -> None:
+    from rollout_client import (
+        GroupRollout,
+        RolloutClient,
+        RolloutClientPool,
+        RolloutGroup,
+        RolloutGroupHandle,
+    )
+    from rollout_client.trainers import (
+        TokenSequence,
+        TRLRolloutFunc,
+        agent_loop_fields,
+        rollout_reward,
+        token_sequence,
+        trl_outputs,
+    )
+    from rollout_types import RolloutTurn
+
+    async with RolloutClient(url="http://127.0.0.1:8000") as client:
+        one: RolloutResultResponse = await client.run_rollout(
+            [],
+            "http://127.0.0.1:9000/v1",
+            "r1",
+            return_turns=True,
+            weight_version="step-3",
+            group_id="g",
+        )
+        turns: list[RolloutTurn] | None = one.turns
+        group: RolloutGroup = await client.run_group(
+            [{"role": "user", "content": "hi"}],
+            "http://127.0.0.1:9000/v1",
+            n=8,
+            group_id="prompt-7",
+            policy="retry",
+            max_retries=2,
+            return_turns=True,
+        )
+        sibling: GroupRollout = group.rollouts[0]
+        masked: bool = sibling.masked
+        why: str | None = sibling.mask_reason
+        reward: float | None = sibling.reward
+        rewards: list[float | None] = group.rewards
+        captured: list[RolloutTurn] = sibling.turns
+        sequence: TokenSequence = token_sequence(captured)
+        verl_fields: dict[str, object] = agent_loop_fields(sibling, response_length=512)
+        trl_answer: dict[str, object] = trl_outputs([group], fallback_eos_id=2)
+        scored: list[float | None] = rollout_reward(["a"], [None])
+        del one, turns, masked, why, reward, rewards, sequence, verl_fields, trl_answer, scored
+    async with RolloutClientPool(urls=["http://10.0.0.1:8000"]) as pool:
+        handle: RolloutGroupHandle = await pool.run_group_async([], "", n=2, policy="mask")
+        ids: tuple[str, ...] = handle.rollout_ids
+        collected: RolloutGroup = await handle
+        del ids, collected
+    func = TRLRolloutFunc(url="http://127.0.0.1:8000", chat_completions_url="http://m/v1")
+    del func
+
+
 # -- rollout_client.eval: the rollout-eval job as a library ---------------------------------
 async def _eval_usage() -> None:
     import sys
