@@ -256,6 +256,47 @@ class TestRunEval:
         assert report.summary["pass_at_k"]["1"]["value"] == 0.5
         assert report.summary["pass_at_k"]["2"]["value"] == 0.5
 
+    async def test_n_runs_of_a_row_are_a_group(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """With --n 2 the runs of a row share a group_id and are <group>-<run_index>; rows
+        get different groups, and a resumed run gives the row it runs again a new group."""
+        failing = fakes.FakeServer(by_label({"1": "lease_expired"}))
+        await run_eval(
+            options(dataset, tmp_path, n=2, rows="0-1"),
+            stream=io.StringIO(),
+            client_factory=failing.factory,
+        )
+        groups: dict[int, set[str]] = {}
+        for request in failing.requests:
+            row, run = request["extra_fields"]["row_index"], request["extra_fields"]["run_index"]
+            assert request["rollout_id"] == f"{request['group_id']}-{run}"
+            groups.setdefault(row, set()).add(request["group_id"])
+        assert all(len(ids) == 1 for ids in groups.values())
+        assert groups[0] != groups[1]
+        healthy = fakes.FakeServer(by_label({}))
+        await run_eval(
+            options(dataset, tmp_path, n=2, rows="0-1"),
+            stream=io.StringIO(),
+            client_factory=healthy.factory,
+        )
+        rerun = {request["group_id"] for request in healthy.requests}
+        assert len(rerun) == 1
+        assert rerun.isdisjoint(groups[0] | groups[1])
+        assert {r["extra_fields"]["row_index"] for r in healthy.requests} == {1}
+
+    async def test_one_run_sends_no_group(self, fakes: Any, dataset: Path, tmp_path: Path) -> None:
+        """With --n 1 the request is as before: a uuid4 hex id and no group_id."""
+        server = fakes.FakeServer(by_label({}))
+        await run_eval(
+            options(dataset, tmp_path, rows="0"),
+            stream=io.StringIO(),
+            client_factory=server.factory,
+        )
+        (request,) = server.requests
+        assert "group_id" not in request
+        assert len(request["rollout_id"]) == 32
+
 
 class TestResume:
     async def test_resume_runs_only_pending_items(
