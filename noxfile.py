@@ -336,6 +336,8 @@ TRAINER_TORCH = "torch==2.13.0"
 """The CPU build of PyTorch pip takes from this machine's disk (uv does not look there)."""
 TRAINER_LIBRARIES = ("trl", "verl")
 """The trainers whose adapters ``rollout_client.trainers`` holds, each tried on its own."""
+TRAINER_UNDECLARED = ("cachetools", "uvicorn", "fastapi")
+"""Modules verl's agent loop imports without declaring them (verl 0.9.1)."""
 
 
 @nox.session(python="3.11", venv_backend="virtualenv")
@@ -365,6 +367,12 @@ def trainers(session: nox.Session) -> None:
         )
         if not (isinstance(found, str) and found.strip() == "True"):
             session.warn(f"{library} did not install beside {TRAINER_TORCH}: its checks skip")
+    # Seen with verl 0.9.1 and TRL 1.16.0 (transformers 5.10): verl's agent loop imports
+    # cachetools, uvicorn and fastapi without declaring them, and transformers' hub-kernels
+    # integration fails at import ("Either a revision or a version must be specified") with
+    # the kernels 0.19.1 one of them pulls in; transformers runs without kernels.
+    session.run("python", "-m", "pip", "install", *TRAINER_UNDECLARED)
+    session.run("python", "-m", "pip", "uninstall", "-y", "kernels")
     session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
     run_pytest(session, "tests/integration/test_trainer_adapters.py", "-rs")
 

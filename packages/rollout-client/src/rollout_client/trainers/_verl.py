@@ -1,7 +1,8 @@
 """The verl adapter: an ``AgentLoopBase`` subclass whose ``run`` is a rollout.
 
 verl's contract (read at verl v0.7.0-125-gb178a3c, ``verl/experimental/agent_loop/
-agent_loop.py``): an agent loop is registered by name, instantiated per sample with
+agent_loop.py``, and checked against the verl 0.9.1 release, which adds optional fields):
+an agent loop is registered by name, instantiated per sample with
 ``trainer_config``, ``server_manager``, ``tokenizer``, ``processor``, ``dataset_cls`` and
 ``dataset_config``, and ``await loop.run(sampling_params, **dataset_fields)`` returns an
 ``AgentLoopOutput``: ``prompt_ids``, ``response_ids`` (the model's and the tools' tokens),
@@ -121,6 +122,16 @@ def agent_loop_fields(
     }
 
 
+def _chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """The prompt's token ids by the trainer's own tokenizer (its chat template), for a
+    rollout whose turns give none: a list, or the ``input_ids`` of the mapping newer
+    ``transformers`` releases return."""
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if not isinstance(encoded, list):
+        encoded = encoded["input_ids"]
+    return [int(token) for token in encoded]
+
+
 def verl_agent_loop_class(
     *,
     rollout_url: str,
@@ -183,7 +194,7 @@ def verl_agent_loop_class(
             (rollout,) = group.rollouts
             prompt_ids = None
             if not isinstance(trainable(rollout), TokenSequence):
-                prompt_ids = await self.apply_chat_template(messages)
+                prompt_ids = _chat_prompt_ids(self.tokenizer, messages)
             length = self.config.actor_rollout_ref.rollout.response_length
             fields = agent_loop_fields(rollout, prompt_ids=prompt_ids, response_length=length)
             return AgentLoopOutput(**fields)
