@@ -66,10 +66,13 @@ nitpick_ignore_regex = [
 
 PRIVATE_TYPES_IN_SIGNATURES = (
     "Classified",
+    "GroupPolicy",
     "LazyDirectory",
     "Refusal",
+    "RequestFor",
     "RunClient",
     "ServerTracing",
+    "Submit",
     "T",
 )
 """Private classes (and a TypeVar) that public signatures name: not exported, so not
@@ -87,6 +90,7 @@ PUBLIC_MODULES = (
     "rollout_client",
     "rollout_client.eval",
     "rollout_client.testing",
+    "rollout_client.trainers",
     "rollout_server",
 )
 PLAIN_VALUES = (bool, int, float, str, tuple, frozenset)
