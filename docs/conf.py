@@ -154,7 +154,9 @@ def _public_bases(
     index = 0
     while index < len(bases):
         base = bases[index]
-        if _ours(base) and not _exported(base):
+        # A generic alias (``Foo[T]``) stands for its origin class.
+        base = getattr(base, "__origin__", base)
+        if isinstance(base, type) and _ours(base) and not _exported(base):
             bases[index : index + 1] = [b for b in base.__bases__ if b not in bases]
         else:
             index += 1
