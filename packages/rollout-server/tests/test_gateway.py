@@ -598,15 +598,15 @@ class TestBadAnswers:
 class TestAskingForTokens:
     def draft(self) -> Any:
         from rollout_server.execution._turns import ModelRoute
-        from rollout_server.gateway._gateway import _Route, _TurnDraft
+        from rollout_server.gateway._draft import RouteState, TurnDraft
 
-        state = _Route(
+        state = RouteState(
             route=ModelRoute(rollout_id="r", base_url="http://g/r/t"),
             endpoint="http://m/v1",
             ring_key=None,
             weight_version=None,
         )
-        return _TurnDraft(state=state, index=0, started=0.0)
+        return TurnDraft(state=state, index=0, started=0.0)
 
     @pytest.mark.parametrize(
         ("body", "expected"),
