@@ -8,8 +8,9 @@ Each rollout is the 2-call workflow of :mod:`benchmarks.apps.gateway_app` (a too
 the answer), ungraded, driven by one ``RolloutClient`` from this process:
 
 * ``throughput``: a closed loop at ``--concurrency`` (64) of ``--count`` rollouts, after one
-  unmeasured rollout per worker: rollouts/s, and the workflow-side time of each model call
-  (p50, p99);
+  unmeasured rollout per worker: rollouts/s, the workflow-side time of each model call
+  (p50, p99), and the server process's CPU time (user + system) per rollout, in ms: the
+  figure other workers' load on a shared machine disturbs least;
 * ``latency``: ``--latency-count`` rollouts one at a time: the workflow-side time of each
   model call, p50 and p99; the gateway's added latency is the difference of these
   percentiles, gateway on minus off (negative values are noise).
@@ -46,6 +47,7 @@ from typing import Any, Final
 import aiohttp
 
 from benchmarks.processes import ROOT, HarnessError
+from benchmarks.procstat import cpu_seconds
 from benchmarks.stats import percentile, summarize
 
 __all__ = ["main"]
@@ -70,8 +72,11 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def _process(command: list[str], name: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """Run ``command`` (which writes its port to ``{port_file}``); yield its base URL."""
+def _process(
+    command: list[str], name: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """Run ``command`` (which writes its port to ``{port_file}``); yield its base URL and
+    its process id."""
     work = Path(tempfile.mkdtemp(prefix=f"gateway-bench-{name}-"))
     port_file = work / "port"
     log = open(work / "log", "wb")  # noqa: SIM115 - closed in the finally below
@@ -94,7 +99,7 @@ def _process(command: list[str], name: str, env: dict[str, str] | None = None) -
             if process.poll() is not None or time.monotonic() > deadline:
                 raise HarnessError(f"{name} did not start; see {work / 'log'}")
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port_file.read_text().strip()}"
+        yield f"http://127.0.0.1:{port_file.read_text().strip()}", process.pid
         failed = False
     finally:
         _stop(process)
@@ -103,8 +108,8 @@ def _process(command: list[str], name: str, env: dict[str, str] | None = None) -
             shutil.rmtree(work, ignore_errors=True)
 
 
-def standin() -> contextlib.AbstractContextManager[str]:
-    """The chat stand-in; yields its base URL (``.../v1`` appended by callers)."""
+def standin() -> contextlib.AbstractContextManager[tuple[str, int]]:
+    """The chat stand-in; yields its base URL (``.../v1`` appended by callers) and pid."""
     return _process(
         [
             sys.executable,
@@ -118,8 +123,9 @@ def standin() -> contextlib.AbstractContextManager[str]:
     )
 
 
-def rollout_server(gateway: bool) -> contextlib.AbstractContextManager[str]:
-    """``rollout-server serve benchmarks.apps.gateway_app:backend`` (with ``--gateway``)."""
+def rollout_server(gateway: bool) -> contextlib.AbstractContextManager[tuple[str, int]]:
+    """``rollout-server serve benchmarks.apps.gateway_app:backend`` (with ``--gateway``);
+    yields its URL and pid."""
     return _process(
         [
             sys.executable,
@@ -141,7 +147,9 @@ def rollout_server(gateway: bool) -> contextlib.AbstractContextManager[str]:
     )
 
 
-async def _closed_loop(url: str, chat_url: str, count: int, concurrency: int) -> dict[str, Any]:
+async def _closed_loop(
+    url: str, chat_url: str, count: int, concurrency: int, pid: int
+) -> dict[str, Any]:
     from rollout_client import RolloutClient
 
     calls: list[float] = []
@@ -176,11 +184,14 @@ async def _closed_loop(url: str, chat_url: str, count: int, concurrency: int) ->
             failures.clear()
             done = 0
             began = time.perf_counter()
+            cpu_began = cpu_seconds(pid)
             await asyncio.gather(*(worker(False) for _ in range(concurrency)))
             elapsed = time.perf_counter() - began
+            cpu = cpu_seconds(pid) - cpu_began
     return {
         "rollouts": count,
         "rollouts_per_sec": count / elapsed,
+        "server_cpu_ms_per_rollout": cpu / count * 1000,
         "call_ms_p50": percentile(calls, 0.5) if calls else None,
         "call_ms_p99": percentile(calls, 0.99) if calls else None,
         "failures": len(failures),
@@ -189,10 +200,10 @@ async def _closed_loop(url: str, chat_url: str, count: int, concurrency: int) ->
 
 
 def _run(gateway: bool, chat_url: str, args: argparse.Namespace) -> dict[str, Any]:
-    with rollout_server(gateway) as url:
+    with rollout_server(gateway) as (url, pid):
         load = os.getloadavg()[0]
-        throughput = asyncio.run(_closed_loop(url, chat_url, args.count, args.concurrency))
-        latency = asyncio.run(_closed_loop(url, chat_url, args.latency_count, 1))
+        throughput = asyncio.run(_closed_loop(url, chat_url, args.count, args.concurrency, pid))
+        latency = asyncio.run(_closed_loop(url, chat_url, args.latency_count, 1, pid))
     return {
         "gateway": gateway,
         "load_average_1m": load,
@@ -278,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with args.output.open("a", encoding="utf-8") as output:
                 output.write(line + "\n")
 
-    with standin() as standin_url:
+    with standin() as (standin_url, _):
         chat_url = f"{standin_url}/v1"
         for round_ in range(args.repeats):
             order = (False, True) if round_ % 2 == 0 else (True, False)
@@ -314,6 +325,12 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "rollouts_per_sec_on": summarize(
             [by[(r, True)]["throughput"]["rollouts_per_sec"] for r in rounds]
+        ),
+        "server_cpu_ms_per_rollout_off": summarize(
+            [by[(r, False)]["throughput"]["server_cpu_ms_per_rollout"] for r in rounds]
+        ),
+        "server_cpu_ms_per_rollout_on": summarize(
+            [by[(r, True)]["throughput"]["server_cpu_ms_per_rollout"] for r in rounds]
         ),
         "added_call_ms_c1_p50": summarize(added["latency_p50"]),
         "added_call_ms_c1_p99": summarize(added["latency_p99"]),
