@@ -49,6 +49,10 @@ class RouteState:
     ring_key: str | None
     weight_version: str | None
     calls: int = 0
+    public_endpoint: str = attrs.field(
+        default=attrs.Factory(lambda self: public_url(self.endpoint), takes_self=True)
+    )
+    """``endpoint`` without credentials (what each turn records), worked out once."""
 
 
 @attrs.define(kw_only=True, eq=False)
@@ -115,7 +119,7 @@ class TurnDraft:
             parts.flag(TurnFlag.UPSTREAM_ERROR)
         turn = RolloutTurn(
             index=self.index,
-            endpoint=public_url(state.endpoint),
+            endpoint=state.public_endpoint,
             request_messages=self.messages,
             response_message=parts.response_message,
             finish_reason=parts.finish_reason,

@@ -127,7 +127,7 @@ class ModelGateway(ModelRouter):
         self.max_capture_bytes = max_capture_bytes
         self._connect_timeout_sec = float(connect_timeout_sec)
         self._routes: dict[str, RouteState] = {}
-        self._runner: web.AppRunner | None = None
+        self._runner: web.ServerRunner | None = None
         self._relay = Relay(
             routes=self._routes,
             max_capture_bytes=max_capture_bytes,
@@ -157,9 +157,12 @@ class ModelGateway(ModelRouter):
         """Listen (and open the connection pool to the endpoints); idempotent."""
         if self._runner is not None:
             return
-        app = web.Application(client_max_size=1024**3)
-        app.router.add_route("*", "/r/{token}/{tail:.*}", self._relay.forward)
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # Speed: a bare web.Server (no Application, router or middleware); see
+        #   benchmarks/README.md, "The model gateway".
+        server = web.Server(
+            self._relay.forward, request_factory=self._relay.make_request, access_log=None
+        )
+        runner = web.ServerRunner(server, handle_signals=False)
         await runner.setup()
         try:
             site = web.TCPSite(runner, self.host, self.port)
@@ -169,6 +172,9 @@ class ModelGateway(ModelRouter):
             raise
         self._relay.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0),
+            # No cookies: an endpoint's cookie must not follow one rollout into another's
+            # calls (and the jar costs each call a lookup).
+            cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_sec),
             auto_decompress=True,
         )

@@ -14,16 +14,21 @@ has the workflow's connection cut (:func:`cut_off`).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Final
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler
 
 from rollout_types import TurnFlag
 
 from .._logtext import get_logger
-from ._capture import StreamReader
+from ._capture import StreamReader as AnswerStreamReader
 from ._draft import RouteState, TurnDraft, public_url
 
 __all__ = ["Relay", "cut_off", "gateway_error"]
@@ -63,6 +68,24 @@ _RESPONSE_DROPPED: Final = frozenset(
 
 _READ_CHUNK: Final = 64 * 1024
 
+MAX_BODY_BYTES: Final = 1024**3
+"""Largest request body a call may send, in bytes (1 GiB; larger ones get ``413``)."""
+
+_TOKEN: Final = re.compile(r"[^{}/]+")
+"""What a route token may be (aiohttp's pattern of a ``{token}`` path segment)."""
+
+
+async def _expect(request: web.BaseRequest) -> None:
+    """Answer an ``Expect`` header as aiohttp's router does: ``100 Continue`` to
+    ``100-continue`` over HTTP/1.1, ``417`` to anything else."""
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if request.version != HttpVersion11:
+        return
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the body has not started
+
 
 def gateway_error(status: int, message: str, code: str) -> web.Response:
     """An OpenAI-style error answer of the gateway itself (``type`` ``gateway_error``)."""
@@ -88,9 +111,39 @@ class Relay:
         self.session: aiohttp.ClientSession | None = None
         """The connection pool to the endpoints while the gateway runs, else None."""
 
-    async def forward(self, request: web.Request) -> web.StreamResponse:
-        """Forward one call through its route (the gateway's one handler)."""
-        state = self._routes.get(request.match_info["token"])
+    def make_request(
+        self,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        protocol: RequestHandler,
+        writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> web.BaseRequest:
+        """The request object of one call (``web.Server``'s ``request_factory``): a bare
+        :class:`~aiohttp.web.BaseRequest` whose body may be as large as
+        :data:`MAX_BODY_BYTES`."""
+        return web.BaseRequest(
+            message,
+            payload,
+            protocol,
+            writer,
+            task,
+            task.get_loop(),
+            client_max_size=MAX_BODY_BYTES,
+        )
+
+    async def forward(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Forward one call through its route: the gateway's one handler, on a bare
+        ``web.Server`` (no application, router or middleware between the connection and
+        here). ``/r/<token>/<tail>`` is read from the decoded path, as a route
+        ``/r/{token}/{tail:.*}`` would; any other path gets aiohttp's plain 404."""
+        token, slash, tail = request.path[3:].partition("/")
+        if not (request.path.startswith("/r/") and slash and token) or not _TOKEN.fullmatch(token):
+            return web.Response(status=404, text="404: Not Found")
+        if request.headers.get(hdrs.EXPECT):
+            await _expect(request)
+            await request.writer.drain()
+        state = self._routes.get(token)
         if state is None:
             return gateway_error(
                 404,
@@ -100,7 +153,6 @@ class Relay:
         session = self.session
         if session is None:  # stopping
             return gateway_error(503, "model gateway: shutting down", "gateway_stopping")
-        tail = request.match_info["tail"]
         if not state.endpoint:
             return gateway_error(
                 502,
@@ -128,7 +180,7 @@ class Relay:
 
     async def _send(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         session: aiohttp.ClientSession,
         url: str,
         *,
@@ -161,7 +213,7 @@ class Relay:
 
     async def _buffer(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         upstream: aiohttp.ClientResponse,
         headers: dict[str, str],
         turn: TurnDraft | None,
@@ -221,13 +273,13 @@ class Relay:
 
     async def _pipe(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         upstream: aiohttp.ClientResponse,
         headers: dict[str, str],
         turn: TurnDraft | None,
     ) -> web.StreamResponse:
         """A server-sent-event stream, relayed chunk by chunk (and assembled on the way)."""
-        reader = StreamReader(self._max_capture_bytes) if turn is not None else None
+        reader = AnswerStreamReader(self._max_capture_bytes) if turn is not None else None
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         broken = False
@@ -258,7 +310,7 @@ class Relay:
 
 
 def cut_off(
-    request: web.Request, response: web.StreamResponse, exc: BaseException
+    request: web.BaseRequest, response: web.StreamResponse, exc: BaseException
 ) -> web.StreamResponse:
     """Break the workflow's connection, as the endpoint broke the gateway's."""
     logger.debug("Model endpoint answer broke off for %s: %r", request.path, exc)
