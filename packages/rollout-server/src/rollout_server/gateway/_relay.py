@@ -206,7 +206,10 @@ class Relay:
             out_headers = {
                 k: v for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROPPED
             }
-            streamed = upstream.content_type == "text/event-stream"
+            # The media type read straight from the header (aiohttp's content_type parses
+            # every parameter of it, for each answer).
+            media = upstream.headers.get(hdrs.CONTENT_TYPE, "").partition(";")[0]
+            streamed = media.strip().lower() == "text/event-stream"
             if streamed and upstream.status < 400:
                 return await self._pipe(request, upstream, out_headers, turn)
             return await self._buffer(request, upstream, out_headers, turn)
