@@ -1,22 +1,25 @@
 """:class:`ModelGateway`: each rollout's OpenAI-compatible base URL, forwarding its model
 calls to a model endpoint and capturing each chat completion as a turn.
 
-The gateway is an aiohttp app on a listener of its own (``127.0.0.1`` and a free port by
-default), apart from the rollout API: its routes need no server key, speak no rollout
-protocol and are never polled by callers. Each rollout gets a route
-``http://<host>:<port>/r/<token>`` (a random token, so the URL is the capability); a call to
-``<route>/<path>`` is forwarded to ``<endpoint>/<path>``, where the endpoint is the
-request's ``chat_completions_url``, or, when the gateway has endpoints of its own
-(``--model-endpoint``), the one :class:`~rollout_server.gateway._ring.EndpointRing` picks
-for the rollout's group (its ``group_id``, else the rollout itself).
+The gateway is one handler (:class:`~rollout_server.gateway._relay.Relay`) on a bare
+``aiohttp.web.Server`` (no application, router or middleware) with a listener of its own
+(``127.0.0.1`` and a free port by default), apart from the rollout API: its routes need
+no server key, speak no rollout protocol and are never polled by callers. Each rollout
+gets a route ``http://<host>:<port>/r/<token>`` (a random token, so the URL is the
+capability); a call to ``<route>/<path>`` is forwarded to ``<endpoint>/<path>``, where the
+endpoint is the request's ``chat_completions_url``, or, when the gateway has endpoints of
+its own (``--model-endpoint``), the one :class:`~rollout_server.gateway._ring.EndpointRing`
+picks for the rollout's group (its ``group_id``, else the rollout itself).
 
 Forwarding: method, query, body and headers go on as they came (but hop-by-hop headers,
-``Host`` and ``Accept-Encoding``); the answer comes back with its status, headers and
-body, streamed chunk by chunk when it is a server-sent-event stream. An HTTP error of the
-endpoint is passed on unchanged. An endpoint that cannot be reached, or whose answer breaks
-off before any of it was passed on, gets ``502`` with an OpenAI-style error body (``type``
-``gateway_error``), which a workflow classifies as it would the endpoint's own 5xx; a
-stream that breaks off midway is cut off the same way for the workflow.
+``Host`` and ``Accept-Encoding``), through one connection pool with keep-alive and no
+cookie jar (an endpoint's cookies reach the workflow and are not kept); the answer comes
+back with its status, headers and body, streamed chunk by chunk when it is a
+server-sent-event stream. An HTTP error of the endpoint is passed on unchanged. An endpoint
+that cannot be reached, or whose answer breaks off before any of it was passed on, gets
+``502`` with an OpenAI-style error body (``type`` ``gateway_error``), which a workflow
+classifies as it would the endpoint's own 5xx; a stream that breaks off midway is cut off
+the same way for the workflow.
 
 Capture: a ``POST`` to a path ending in ``chat/completions`` is a turn. Unless the body
 already says, the gateway asks for token ids and logprobs (``"logprobs": true``,
