@@ -167,11 +167,18 @@ class TestReadCompletion:
             {"content": "nope"},
             [1, 2],
             {"content": [{"token": "a", "logprob": -1.0}, {"token": "b", "logprob": -1.0}]},
+            {"content": [{"token": "a", "logprob": True}]},
+            {"content": [{"token": "a", "logprob": float("nan")}]},
+            {"content": [{"token": "a", "logprob": float("-inf")}]},
+            {"content": [{"token": "a", "logprob": -(10**400)}]},
+            {"content": [{"token": "a"}]},
+            {"content": ["a"]},
         ],
     )
     def test_malformed_logprobs_are_dropped(self, logprobs: Any) -> None:
-        """Non-numbers, positive values, wrong shapes or a count that does not match the
-        token ids: no logprobs, flagged; the token ids stay."""
+        """Non-numbers (booleans too), positive, NaN, infinite or out-of-range values, a
+        missing value, wrong shapes or a count that does not match the token ids: no
+        logprobs, flagged; the token ids stay."""
         parts = read_completion(
             completion(
                 message={"role": "assistant", "content": "a"}, token_ids=[1], logprobs=logprobs
@@ -180,6 +187,18 @@ class TestReadCompletion:
         assert parts.logprobs is None
         assert TurnFlag.MALFORMED_LOGPROBS in parts.flags
         assert parts.completion_token_ids == [1]
+
+    def test_integer_and_huge_logprobs_are_numbers(self) -> None:
+        """An integer logprob reads as a float; values whose sum overflows still count."""
+        parts = read_completion(
+            completion(
+                message={"role": "assistant", "content": "ab"},
+                token_ids=[1, 2, 3],
+                logprobs=entries(("a", 0), ("b", -1e308), ("c", -1e308)),
+            )
+        )
+        assert parts.logprobs == [0.0, -1e308, -1e308]
+        assert TurnFlag.MALFORMED_LOGPROBS not in parts.flags
 
     @pytest.mark.parametrize("ids", [[1, -2], ["1"], [True], "1 2", [1.5]])
     def test_malformed_token_ids(self, ids: Any) -> None:
