@@ -21,6 +21,12 @@ traced by :mod:`tracemalloc` (after a collection) over the turns is the memory p
 turn (request messages, answer, token ids and logprobs; the stand-in's prompts are 30 to 60
 tokens, its completions about 15).
 
+Then ``per_call``: in this process, ``--per-call-calls`` sequential calls straight to the
+stand-in and as many through a started gateway's route, per round (the order alternating);
+the difference of this process's CPU time per call is the gateway's side of a call (its
+handler, its request to the endpoint, the capture). CPU time, unlike rollouts/s, barely
+moves with other processes' load.
+
 Each run prints one JSON line; the summary (median over rounds) follows, with the 1-minute
 load average, since the machine may be shared.
 """
@@ -56,8 +62,20 @@ START_TIMEOUT_SEC: Final = 120.0
 RUN_BOUND_SEC: Final = 600.0
 PROMPT: Final = [{"role": "user", "content": "What is 17 * 23?"}]
 PROFILES: Final = {
-    "short": {"count": 640, "latency_count": 100, "repeats": 2, "memory_turns": 400},
-    "full": {"count": 3200, "latency_count": 400, "repeats": 3, "memory_turns": 2000},
+    "short": {
+        "count": 640,
+        "latency_count": 100,
+        "repeats": 2,
+        "memory_turns": 400,
+        "per_call_calls": 1000,
+    },
+    "full": {
+        "count": 3200,
+        "latency_count": 400,
+        "repeats": 3,
+        "memory_turns": 2000,
+        "per_call_calls": 4000,
+    },
 }
 
 
@@ -260,6 +278,64 @@ async def _memory(chat_url: str, turns: int) -> dict[str, Any]:
     }
 
 
+async def _per_call(chat_url: str, calls: int, repeats: int) -> dict[str, Any]:
+    """The gateway's CPU per call, in this process: ``calls`` sequential chat completions
+    straight to the stand-in, then as many through a started gateway's route (the order
+    alternating over ``repeats`` rounds); the difference of this process's CPU time
+    (user + system, :func:`time.process_time`) per call is what the gateway's side of a
+    call costs (its handler, its request to the endpoint, the capture), whatever else
+    runs on the machine."""
+    from rollout_server import ModelGateway
+
+    body = {
+        "model": "chat-standin",
+        "messages": PROMPT,
+        "tools": [{"type": "function", "function": {"name": "calculator", "parameters": {
+            "type": "object", "properties": {"expression": {"type": "string"}}}}}],
+        "logprobs": True,
+        "return_token_ids": True,
+    }  # fmt: skip
+    gateway = ModelGateway()
+    await gateway.start()
+    try:
+        route = gateway.open_route(rollout_id="per-call", chat_completions_url=chat_url)
+        async with aiohttp.ClientSession() as session:
+
+            async def run(url: str, n: int) -> tuple[float, list[float]]:
+                walls: list[float] = []
+                cpu = time.process_time()
+                for _ in range(n):
+                    began = time.perf_counter()
+                    async with session.post(f"{url}/chat/completions", json=body) as response:
+                        response.raise_for_status()
+                        await response.read()
+                    walls.append((time.perf_counter() - began) * 1000)
+                return (time.process_time() - cpu) / n * 1000, walls
+
+            await run(chat_url, 100)  # warm the connections and caches
+            await run(route.base_url, 100)
+            added_cpu: list[float] = []
+            added_p50: list[float] = []
+            for round_ in range(repeats):
+                order = [chat_url, route.base_url]
+                if round_ % 2:
+                    order.reverse()
+                figures: dict[str, tuple[float, list[float]]] = {}
+                for url in order:
+                    route.turns.clear()
+                    figures[url] = await run(url, calls)
+                (cpu_on, on), (cpu_off, off) = figures[route.base_url], figures[chat_url]
+                added_cpu.append(cpu_on - cpu_off)
+                added_p50.append(percentile(on, 0.5) - percentile(off, 0.5))
+    finally:
+        await gateway.stop()
+    return {
+        "calls": calls,
+        "added_cpu_ms_per_call": added_cpu,
+        "added_wall_ms_p50": added_p50,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print JSON lines, then the summary. Returns 0, or 1 on failures."""
     parser = argparse.ArgumentParser(
@@ -270,13 +346,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency-count", type=int, help="rollouts per latency run (C=1)")
     parser.add_argument("--repeats", type=int, help="rounds (each: gateway off and on)")
     parser.add_argument("--memory-turns", type=int, help="turns captured for the memory figure")
+    parser.add_argument(
+        "--per-call-calls", type=int, help="calls each way for the gateway's CPU per call"
+    )
     parser.add_argument("--concurrency", type=int, default=64, help="throughput concurrency")
     parser.add_argument("--output", type=Path, help="also append the JSON lines to this file")
     args = parser.parse_args(argv)
     for key, value in PROFILES[args.profile].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for key in ("count", "latency_count", "repeats", "memory_turns", "concurrency"):
+    for key in (
+        "count",
+        "latency_count",
+        "repeats",
+        "memory_turns",
+        "per_call_calls",
+        "concurrency",
+    ):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be at least 1")
     records: list[dict[str, Any]] = []
@@ -296,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for gateway in order:
                 emit({"type": "run", "round": round_, **_run(gateway, chat_url, args)})
         emit({"type": "memory", **asyncio.run(_memory(chat_url, args.memory_turns))})
+        per_call = asyncio.run(_per_call(chat_url, args.per_call_calls, args.repeats))
+        emit({"type": "per_call", **per_call})
     emit({"type": "summary", **summary(records)})
     runs = [r for r in records if r["type"] == "run"]
     return 1 if any(r[kind]["failures"] for r in runs for kind in ("throughput", "latency")) else 0
@@ -318,6 +406,7 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             for q in ("p50", "p99"):
                 added[f"{kind}_{q}"].append(on[kind][f"call_ms_{q}"] - off[kind][f"call_ms_{q}"])
     memory = next((r for r in records if r["type"] == "memory"), {})
+    per_call = next((r for r in records if r["type"] == "per_call"), None)
     return {
         "throughput_ratio": summarize(ratio),
         "rollouts_per_sec_off": summarize(
@@ -337,6 +426,12 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "added_call_ms_loaded_p50": summarize(added["throughput_p50"]),
         "added_call_ms_loaded_p99": summarize(added["throughput_p99"]),
         "bytes_per_captured_turn": memory.get("bytes_per_turn"),
+        "gateway_cpu_ms_per_call": None
+        if per_call is None
+        else summarize(per_call["added_cpu_ms_per_call"]),
+        "gateway_wall_ms_per_call_p50": None
+        if per_call is None
+        else summarize(per_call["added_wall_ms_p50"]),
         "tokens_per_captured_turn": memory.get("tokens_per_turn"),
         "load_average_1m": summarize([r["load_average_1m"] for r in runs]),
     }
