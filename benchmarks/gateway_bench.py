@@ -9,8 +9,8 @@ the answer), ungraded, driven by one ``RolloutClient`` from this process:
 
 * ``throughput``: a closed loop at ``--concurrency`` (64) of ``--count`` rollouts, after one
   unmeasured rollout per worker: rollouts/s, the workflow-side time of each model call
-  (p50, p99), and the server process's CPU time (user + system) per rollout, in ms: the
-  figure other workers' load on a shared machine disturbs least;
+  (p50, p99), and the server process's CPU time (user + system) per rollout, in ms (less
+  disturbed by other processes' load than rollouts/s, not immune to it);
 * ``latency``: ``--latency-count`` rollouts one at a time: the workflow-side time of each
   model call, p50 and p99; the gateway's added latency is the difference of these
   percentiles, gateway on minus off (negative values are noise).
@@ -24,8 +24,7 @@ tokens, its completions about 15).
 Then ``per_call``: in this process, ``--per-call-calls`` sequential calls straight to the
 stand-in and as many through a started gateway's route, per round (the order alternating);
 the difference of this process's CPU time per call is the gateway's side of a call (its
-handler, its request to the endpoint, the capture). CPU time, unlike rollouts/s, barely
-moves with other processes' load.
+handler, its request to the endpoint, the capture).
 
 Each run prints one JSON line; the summary (median over rounds) follows, with the 1-minute
 load average, since the machine may be shared.
@@ -284,7 +283,7 @@ async def _per_call(chat_url: str, calls: int, repeats: int) -> dict[str, Any]:
     alternating over ``repeats`` rounds); the difference of this process's CPU time
     (user + system, :func:`time.process_time`) per call is what the gateway's side of a
     call costs (its handler, its request to the endpoint, the capture), whatever else
-    runs on the machine."""
+    runs on the machine (though contended cores make every call cost more)."""
     from rollout_server import ModelGateway
 
     body = {
