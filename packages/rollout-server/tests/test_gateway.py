@@ -430,6 +430,57 @@ class TestForwarding:
             assert (await r.json())["data"][0]["id"] == STANDIN.MODEL_ID
         assert route.turns == []
 
+    @pytest.mark.parametrize("path", ["/", "/r/", "/r/token", "/r/a{b}/chat/completions", "/x/y"])
+    async def test_paths_outside_a_route_are_plain_404s(self, gateway: Any, path: str) -> None:
+        """A path that is not ``/r/<token>/<path>`` gets aiohttp's plain 404, as a router
+        would give it."""
+        gw = await gateway()
+        async with aiohttp.ClientSession() as session, session.get(f"{gw.url}{path}") as r:
+            assert r.status == 404
+            assert await r.text() == "404: Not Found"
+
+    async def test_expect_100_continue(self, serve: Serve, gateway: Any) -> None:
+        """A workflow that sends ``Expect: 100-continue`` is told to go on and is answered;
+        any other expectation gets 417."""
+        upstream = await serve(STANDIN.create_app())
+        gw = await gateway()
+        route = gw.open_route(rollout_id="r", chat_completions_url=f"{upstream}/v1")
+        url = f"{route.base_url}/chat/completions"
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, json={"messages": QUESTION}, expect100=True) as r:
+                assert r.status == 200
+                answer = (await r.json())["choices"][0]["message"]
+                assert answer["content"] == "The answer is 391."
+            async with session.post(url, data=b"{}", headers={"Expect": "later"}) as r:
+                assert r.status == 417
+        assert len(route.turns) == 1
+
+    async def test_no_cookie_is_kept_between_calls(self, serve: Serve, gateway: Any) -> None:
+        """An endpoint's Set-Cookie reaches the workflow, and is not sent on the next call
+        (which may be another rollout's)."""
+        seen: list[str | None] = []
+
+        async def handler(request: web.Request) -> web.Response:
+            seen.append(request.headers.get("Cookie"))
+            response = web.json_response({"ok": True})
+            response.set_cookie("session", "one")
+            return response
+
+        app = web.Application()
+        app.router.add_get("/v1/models", handler)
+        # A host name: aiohttp's cookie jar ignores the cookies of IP addresses.
+        upstream = (await serve(app)).replace("127.0.0.1", "localhost")
+        gw = await gateway()
+        route = gw.open_route(rollout_id="r", chat_completions_url=f"{upstream}/v1")
+        for _ in range(2):
+            async with (
+                aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session,
+                session.get(f"{route.base_url}/models") as r,
+            ):
+                assert r.status == 200
+                assert "session=one" in r.headers["Set-Cookie"]
+        assert seen == [None, None]
+
     async def test_http_errors_pass_unchanged(self, serve: Serve, gateway: Any) -> None:
         """A 429 with Retry-After reaches the workflow as it was; the turn is flagged."""
         upstream = await serve(STANDIN.create_app(STANDIN.StandinConfig(http_429_rate=1.0)))
