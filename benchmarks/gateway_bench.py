@@ -8,8 +8,9 @@ Each rollout is the 2-call workflow of :mod:`benchmarks.apps.gateway_app` (a too
 the answer), ungraded, driven by one ``RolloutClient`` from this process:
 
 * ``throughput``: a closed loop at ``--concurrency`` (64) of ``--count`` rollouts, after one
-  unmeasured rollout per worker: rollouts/s, and the workflow-side time of each model call
-  (p50, p99);
+  unmeasured rollout per worker: rollouts/s, the workflow-side time of each model call
+  (p50, p99), and the server process's CPU time (user + system) per rollout, in ms (less
+  disturbed by other processes' load than rollouts/s, not immune to it);
 * ``latency``: ``--latency-count`` rollouts one at a time: the workflow-side time of each
   model call, p50 and p99; the gateway's added latency is the difference of these
   percentiles, gateway on minus off (negative values are noise).
@@ -19,6 +20,11 @@ captures ``--memory-turns`` turns of the same two calls against the stand-in; th
 traced by :mod:`tracemalloc` (after a collection) over the turns is the memory per captured
 turn (request messages, answer, token ids and logprobs; the stand-in's prompts are 30 to 60
 tokens, its completions about 15).
+
+Then ``per_call``: in this process, ``--per-call-calls`` sequential calls straight to the
+stand-in and as many through a started gateway's route, per round (the order alternating);
+the difference of this process's CPU time per call is the gateway's side of a call (its
+handler, its request to the endpoint, the capture).
 
 Each run prints one JSON line; the summary (median over rounds) follows, with the 1-minute
 load average, since the machine may be shared.
@@ -46,6 +52,7 @@ from typing import Any, Final
 import aiohttp
 
 from benchmarks.processes import ROOT, HarnessError
+from benchmarks.procstat import cpu_seconds
 from benchmarks.stats import percentile, summarize
 
 __all__ = ["main"]
@@ -54,8 +61,20 @@ START_TIMEOUT_SEC: Final = 120.0
 RUN_BOUND_SEC: Final = 600.0
 PROMPT: Final = [{"role": "user", "content": "What is 17 * 23?"}]
 PROFILES: Final = {
-    "short": {"count": 640, "latency_count": 100, "repeats": 2, "memory_turns": 400},
-    "full": {"count": 3200, "latency_count": 400, "repeats": 3, "memory_turns": 2000},
+    "short": {
+        "count": 640,
+        "latency_count": 100,
+        "repeats": 2,
+        "memory_turns": 400,
+        "per_call_calls": 1000,
+    },
+    "full": {
+        "count": 3200,
+        "latency_count": 400,
+        "repeats": 3,
+        "memory_turns": 2000,
+        "per_call_calls": 4000,
+    },
 }
 
 
@@ -70,8 +89,11 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def _process(command: list[str], name: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """Run ``command`` (which writes its port to ``{port_file}``); yield its base URL."""
+def _process(
+    command: list[str], name: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """Run ``command`` (which writes its port to ``{port_file}``); yield its base URL and
+    its process id."""
     work = Path(tempfile.mkdtemp(prefix=f"gateway-bench-{name}-"))
     port_file = work / "port"
     log = open(work / "log", "wb")  # noqa: SIM115 - closed in the finally below
@@ -94,7 +116,7 @@ def _process(command: list[str], name: str, env: dict[str, str] | None = None) -
             if process.poll() is not None or time.monotonic() > deadline:
                 raise HarnessError(f"{name} did not start; see {work / 'log'}")
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port_file.read_text().strip()}"
+        yield f"http://127.0.0.1:{port_file.read_text().strip()}", process.pid
         failed = False
     finally:
         _stop(process)
@@ -103,8 +125,8 @@ def _process(command: list[str], name: str, env: dict[str, str] | None = None) -
             shutil.rmtree(work, ignore_errors=True)
 
 
-def standin() -> contextlib.AbstractContextManager[str]:
-    """The chat stand-in; yields its base URL (``.../v1`` appended by callers)."""
+def standin() -> contextlib.AbstractContextManager[tuple[str, int]]:
+    """The chat stand-in; yields its base URL (``.../v1`` appended by callers) and pid."""
     return _process(
         [
             sys.executable,
@@ -118,8 +140,9 @@ def standin() -> contextlib.AbstractContextManager[str]:
     )
 
 
-def rollout_server(gateway: bool) -> contextlib.AbstractContextManager[str]:
-    """``rollout-server serve benchmarks.apps.gateway_app:backend`` (with ``--gateway``)."""
+def rollout_server(gateway: bool) -> contextlib.AbstractContextManager[tuple[str, int]]:
+    """``rollout-server serve benchmarks.apps.gateway_app:backend`` (with ``--gateway``);
+    yields its URL and pid."""
     return _process(
         [
             sys.executable,
@@ -141,7 +164,9 @@ def rollout_server(gateway: bool) -> contextlib.AbstractContextManager[str]:
     )
 
 
-async def _closed_loop(url: str, chat_url: str, count: int, concurrency: int) -> dict[str, Any]:
+async def _closed_loop(
+    url: str, chat_url: str, count: int, concurrency: int, pid: int
+) -> dict[str, Any]:
     from rollout_client import RolloutClient
 
     calls: list[float] = []
@@ -176,11 +201,14 @@ async def _closed_loop(url: str, chat_url: str, count: int, concurrency: int) ->
             failures.clear()
             done = 0
             began = time.perf_counter()
+            cpu_began = cpu_seconds(pid)
             await asyncio.gather(*(worker(False) for _ in range(concurrency)))
             elapsed = time.perf_counter() - began
+            cpu = cpu_seconds(pid) - cpu_began
     return {
         "rollouts": count,
         "rollouts_per_sec": count / elapsed,
+        "server_cpu_ms_per_rollout": cpu / count * 1000,
         "call_ms_p50": percentile(calls, 0.5) if calls else None,
         "call_ms_p99": percentile(calls, 0.99) if calls else None,
         "failures": len(failures),
@@ -189,10 +217,10 @@ async def _closed_loop(url: str, chat_url: str, count: int, concurrency: int) ->
 
 
 def _run(gateway: bool, chat_url: str, args: argparse.Namespace) -> dict[str, Any]:
-    with rollout_server(gateway) as url:
+    with rollout_server(gateway) as (url, pid):
         load = os.getloadavg()[0]
-        throughput = asyncio.run(_closed_loop(url, chat_url, args.count, args.concurrency))
-        latency = asyncio.run(_closed_loop(url, chat_url, args.latency_count, 1))
+        throughput = asyncio.run(_closed_loop(url, chat_url, args.count, args.concurrency, pid))
+        latency = asyncio.run(_closed_loop(url, chat_url, args.latency_count, 1, pid))
     return {
         "gateway": gateway,
         "load_average_1m": load,
@@ -249,6 +277,64 @@ async def _memory(chat_url: str, turns: int) -> dict[str, Any]:
     }
 
 
+async def _per_call(chat_url: str, calls: int, repeats: int) -> dict[str, Any]:
+    """The gateway's CPU per call, in this process: ``calls`` sequential chat completions
+    straight to the stand-in, then as many through a started gateway's route (the order
+    alternating over ``repeats`` rounds); the difference of this process's CPU time
+    (user + system, :func:`time.process_time`) per call is what the gateway's side of a
+    call costs (its handler, its request to the endpoint, the capture), whatever else
+    runs on the machine (though contended cores make every call cost more)."""
+    from rollout_server import ModelGateway
+
+    body = {
+        "model": "chat-standin",
+        "messages": PROMPT,
+        "tools": [{"type": "function", "function": {"name": "calculator", "parameters": {
+            "type": "object", "properties": {"expression": {"type": "string"}}}}}],
+        "logprobs": True,
+        "return_token_ids": True,
+    }  # fmt: skip
+    gateway = ModelGateway()
+    await gateway.start()
+    try:
+        route = gateway.open_route(rollout_id="per-call", chat_completions_url=chat_url)
+        async with aiohttp.ClientSession() as session:
+
+            async def run(url: str, n: int) -> tuple[float, list[float]]:
+                walls: list[float] = []
+                cpu = time.process_time()
+                for _ in range(n):
+                    began = time.perf_counter()
+                    async with session.post(f"{url}/chat/completions", json=body) as response:
+                        response.raise_for_status()
+                        await response.read()
+                    walls.append((time.perf_counter() - began) * 1000)
+                return (time.process_time() - cpu) / n * 1000, walls
+
+            await run(chat_url, 100)  # warm the connections and caches
+            await run(route.base_url, 100)
+            added_cpu: list[float] = []
+            added_p50: list[float] = []
+            for round_ in range(repeats):
+                order = [chat_url, route.base_url]
+                if round_ % 2:
+                    order.reverse()
+                figures: dict[str, tuple[float, list[float]]] = {}
+                for url in order:
+                    route.turns.clear()
+                    figures[url] = await run(url, calls)
+                (cpu_on, on), (cpu_off, off) = figures[route.base_url], figures[chat_url]
+                added_cpu.append(cpu_on - cpu_off)
+                added_p50.append(percentile(on, 0.5) - percentile(off, 0.5))
+    finally:
+        await gateway.stop()
+    return {
+        "calls": calls,
+        "added_cpu_ms_per_call": added_cpu,
+        "added_wall_ms_p50": added_p50,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print JSON lines, then the summary. Returns 0, or 1 on failures."""
     parser = argparse.ArgumentParser(
@@ -259,13 +345,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency-count", type=int, help="rollouts per latency run (C=1)")
     parser.add_argument("--repeats", type=int, help="rounds (each: gateway off and on)")
     parser.add_argument("--memory-turns", type=int, help="turns captured for the memory figure")
+    parser.add_argument(
+        "--per-call-calls", type=int, help="calls each way for the gateway's CPU per call"
+    )
     parser.add_argument("--concurrency", type=int, default=64, help="throughput concurrency")
     parser.add_argument("--output", type=Path, help="also append the JSON lines to this file")
     args = parser.parse_args(argv)
     for key, value in PROFILES[args.profile].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for key in ("count", "latency_count", "repeats", "memory_turns", "concurrency"):
+    for key in (
+        "count",
+        "latency_count",
+        "repeats",
+        "memory_turns",
+        "per_call_calls",
+        "concurrency",
+    ):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be at least 1")
     records: list[dict[str, Any]] = []
@@ -278,13 +374,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             with args.output.open("a", encoding="utf-8") as output:
                 output.write(line + "\n")
 
-    with standin() as standin_url:
+    with standin() as (standin_url, _):
         chat_url = f"{standin_url}/v1"
         for round_ in range(args.repeats):
             order = (False, True) if round_ % 2 == 0 else (True, False)
             for gateway in order:
                 emit({"type": "run", "round": round_, **_run(gateway, chat_url, args)})
         emit({"type": "memory", **asyncio.run(_memory(chat_url, args.memory_turns))})
+        per_call = asyncio.run(_per_call(chat_url, args.per_call_calls, args.repeats))
+        emit({"type": "per_call", **per_call})
     emit({"type": "summary", **summary(records)})
     runs = [r for r in records if r["type"] == "run"]
     return 1 if any(r[kind]["failures"] for r in runs for kind in ("throughput", "latency")) else 0
@@ -307,6 +405,7 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             for q in ("p50", "p99"):
                 added[f"{kind}_{q}"].append(on[kind][f"call_ms_{q}"] - off[kind][f"call_ms_{q}"])
     memory = next((r for r in records if r["type"] == "memory"), {})
+    per_call = next((r for r in records if r["type"] == "per_call"), None)
     return {
         "throughput_ratio": summarize(ratio),
         "rollouts_per_sec_off": summarize(
@@ -315,11 +414,23 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "rollouts_per_sec_on": summarize(
             [by[(r, True)]["throughput"]["rollouts_per_sec"] for r in rounds]
         ),
+        "server_cpu_ms_per_rollout_off": summarize(
+            [by[(r, False)]["throughput"]["server_cpu_ms_per_rollout"] for r in rounds]
+        ),
+        "server_cpu_ms_per_rollout_on": summarize(
+            [by[(r, True)]["throughput"]["server_cpu_ms_per_rollout"] for r in rounds]
+        ),
         "added_call_ms_c1_p50": summarize(added["latency_p50"]),
         "added_call_ms_c1_p99": summarize(added["latency_p99"]),
         "added_call_ms_loaded_p50": summarize(added["throughput_p50"]),
         "added_call_ms_loaded_p99": summarize(added["throughput_p99"]),
         "bytes_per_captured_turn": memory.get("bytes_per_turn"),
+        "gateway_cpu_ms_per_call": None
+        if per_call is None
+        else summarize(per_call["added_cpu_ms_per_call"]),
+        "gateway_wall_ms_per_call_p50": None
+        if per_call is None
+        else summarize(per_call["added_wall_ms_p50"]),
         "tokens_per_captured_turn": memory.get("tokens_per_turn"),
         "load_average_1m": summarize([r["load_average_1m"] for r in runs]),
     }

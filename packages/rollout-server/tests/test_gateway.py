@@ -167,11 +167,18 @@ class TestReadCompletion:
             {"content": "nope"},
             [1, 2],
             {"content": [{"token": "a", "logprob": -1.0}, {"token": "b", "logprob": -1.0}]},
+            {"content": [{"token": "a", "logprob": True}]},
+            {"content": [{"token": "a", "logprob": float("nan")}]},
+            {"content": [{"token": "a", "logprob": float("-inf")}]},
+            {"content": [{"token": "a", "logprob": -(10**400)}]},
+            {"content": [{"token": "a"}]},
+            {"content": ["a"]},
         ],
     )
     def test_malformed_logprobs_are_dropped(self, logprobs: Any) -> None:
-        """Non-numbers, positive values, wrong shapes or a count that does not match the
-        token ids: no logprobs, flagged; the token ids stay."""
+        """Non-numbers (booleans too), positive, NaN, infinite or out-of-range values, a
+        missing value, wrong shapes or a count that does not match the token ids: no
+        logprobs, flagged; the token ids stay."""
         parts = read_completion(
             completion(
                 message={"role": "assistant", "content": "a"}, token_ids=[1], logprobs=logprobs
@@ -180,6 +187,18 @@ class TestReadCompletion:
         assert parts.logprobs is None
         assert TurnFlag.MALFORMED_LOGPROBS in parts.flags
         assert parts.completion_token_ids == [1]
+
+    def test_integer_and_huge_logprobs_are_numbers(self) -> None:
+        """An integer logprob reads as a float; values whose sum overflows still count."""
+        parts = read_completion(
+            completion(
+                message={"role": "assistant", "content": "ab"},
+                token_ids=[1, 2, 3],
+                logprobs=entries(("a", 0), ("b", -1e308), ("c", -1e308)),
+            )
+        )
+        assert parts.logprobs == [0.0, -1e308, -1e308]
+        assert TurnFlag.MALFORMED_LOGPROBS not in parts.flags
 
     @pytest.mark.parametrize("ids", [[1, -2], ["1"], [True], "1 2", [1.5]])
     def test_malformed_token_ids(self, ids: Any) -> None:
@@ -411,6 +430,57 @@ class TestForwarding:
             assert (await r.json())["data"][0]["id"] == STANDIN.MODEL_ID
         assert route.turns == []
 
+    @pytest.mark.parametrize("path", ["/", "/r/", "/r/token", "/r/a{b}/chat/completions", "/x/y"])
+    async def test_paths_outside_a_route_are_plain_404s(self, gateway: Any, path: str) -> None:
+        """A path that is not ``/r/<token>/<path>`` gets aiohttp's plain 404, as a router
+        would give it."""
+        gw = await gateway()
+        async with aiohttp.ClientSession() as session, session.get(f"{gw.url}{path}") as r:
+            assert r.status == 404
+            assert await r.text() == "404: Not Found"
+
+    async def test_expect_100_continue(self, serve: Serve, gateway: Any) -> None:
+        """A workflow that sends ``Expect: 100-continue`` is told to go on and is answered;
+        any other expectation gets 417."""
+        upstream = await serve(STANDIN.create_app())
+        gw = await gateway()
+        route = gw.open_route(rollout_id="r", chat_completions_url=f"{upstream}/v1")
+        url = f"{route.base_url}/chat/completions"
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, json={"messages": QUESTION}, expect100=True) as r:
+                assert r.status == 200
+                answer = (await r.json())["choices"][0]["message"]
+                assert answer["content"] == "The answer is 391."
+            async with session.post(url, data=b"{}", headers={"Expect": "later"}) as r:
+                assert r.status == 417
+        assert len(route.turns) == 1
+
+    async def test_no_cookie_is_kept_between_calls(self, serve: Serve, gateway: Any) -> None:
+        """An endpoint's Set-Cookie reaches the workflow, and is not sent on the next call
+        (which may be another rollout's)."""
+        seen: list[str | None] = []
+
+        async def handler(request: web.Request) -> web.Response:
+            seen.append(request.headers.get("Cookie"))
+            response = web.json_response({"ok": True})
+            response.set_cookie("session", "one")
+            return response
+
+        app = web.Application()
+        app.router.add_get("/v1/models", handler)
+        # A host name: aiohttp's cookie jar ignores the cookies of IP addresses.
+        upstream = (await serve(app)).replace("127.0.0.1", "localhost")
+        gw = await gateway()
+        route = gw.open_route(rollout_id="r", chat_completions_url=f"{upstream}/v1")
+        for _ in range(2):
+            async with (
+                aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session,
+                session.get(f"{route.base_url}/models") as r,
+            ):
+                assert r.status == 200
+                assert "session=one" in r.headers["Set-Cookie"]
+        assert seen == [None, None]
+
     async def test_http_errors_pass_unchanged(self, serve: Serve, gateway: Any) -> None:
         """A 429 with Retry-After reaches the workflow as it was; the turn is flagged."""
         upstream = await serve(STANDIN.create_app(STANDIN.StandinConfig(http_429_rate=1.0)))
@@ -598,15 +668,15 @@ class TestBadAnswers:
 class TestAskingForTokens:
     def draft(self) -> Any:
         from rollout_server.execution._turns import ModelRoute
-        from rollout_server.gateway._gateway import _Route, _TurnDraft
+        from rollout_server.gateway._draft import RouteState, TurnDraft
 
-        state = _Route(
+        state = RouteState(
             route=ModelRoute(rollout_id="r", base_url="http://g/r/t"),
             endpoint="http://m/v1",
             ring_key=None,
             weight_version=None,
         )
-        return _TurnDraft(state=state, index=0, started=0.0)
+        return TurnDraft(state=state, index=0, started=0.0)
 
     @pytest.mark.parametrize(
         ("body", "expected"),

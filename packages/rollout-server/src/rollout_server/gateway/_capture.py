@@ -59,10 +59,17 @@ class AnswerParts:
             self.flags.append(flag)
 
 
+_INT_ONLY: Final = frozenset({int})
+_NUMBERS: Final = frozenset({int, float})
+
+
 def _token_ids(value: Any) -> list[int] | _Malformed | None:
     if value is None:
         return None
-    if type(value) is not list or not all(type(v) is int and v >= 0 for v in value):
+    # Speed: the checks run in C (the types seen, the smallest id), not a loop per token.
+    if type(value) is not list or (value and not (set(map(type, value)) <= _INT_ONLY)):
+        return MALFORMED
+    if value and min(value) < 0:
         return MALFORMED
     return value
 
@@ -77,13 +84,46 @@ def _logprob_entries(value: Any) -> tuple[list[float], list[int] | None] | _Malf
         return None
     if type(content) is not list:
         return MALFORMED
+    fast = _logprob_entries_fast(content)
+    return _logprob_entries_slow(content) if fast is None else fast
+
+
+def _logprob_entries_fast(content: list[Any]) -> tuple[list[float], list[int] | None] | None:
+    """:func:`_logprob_entries` of well-formed entries with the checks run in C (the
+    types seen, the largest value, a finite sum); None when any check fails, for the
+    entry by entry reading to say what is wrong."""
+    if not content:
+        return [], []
+    try:
+        values = [entry["logprob"] for entry in content]
+        if not (set(map(type, values)) <= _NUMBERS and max(values) <= 0):
+            return None
+        if not math.isfinite(math.fsum(values)):  # NaN, -inf
+            return None
+    except (TypeError, KeyError, OverflowError):  # not an object, no logprob, huge values
+        return None
+    first = content[0].get("token")
+    if not (isinstance(first, str) and first.startswith(_TOKEN_ID_PREFIX)):
+        return list(map(float, values)), None  # not every token is a "token_id:<id>"
+    return None
+
+
+def _logprob_entries_slow(
+    content: list[Any],
+) -> tuple[list[float], list[int] | None] | _Malformed:
+    """:func:`_logprob_entries`, entry by entry."""
     logprobs: list[float] = []
     ids: list[int] | None = []
     for entry in content:
         if not isinstance(entry, dict):
             return MALFORMED
         logprob: Any = entry.get("logprob")
-        if type(logprob) not in (int, float) or not math.isfinite(logprob) or logprob > 0:
+        if type(logprob) not in (int, float) or logprob > 0:
+            return MALFORMED
+        try:
+            if not math.isfinite(logprob):
+                return MALFORMED
+        except OverflowError:  # an integer past float's range
             return MALFORMED
         logprobs.append(float(logprob))
         token = entry.get("token")

@@ -1,22 +1,25 @@
 """:class:`ModelGateway`: each rollout's OpenAI-compatible base URL, forwarding its model
 calls to a model endpoint and capturing each chat completion as a turn.
 
-The gateway is an aiohttp app on a listener of its own (``127.0.0.1`` and a free port by
-default), apart from the rollout API: its routes need no server key, speak no rollout
-protocol and are never polled by callers. Each rollout gets a route
-``http://<host>:<port>/r/<token>`` (a random token, so the URL is the capability); a call to
-``<route>/<path>`` is forwarded to ``<endpoint>/<path>``, where the endpoint is the
-request's ``chat_completions_url``, or, when the gateway has endpoints of its own
-(``--model-endpoint``), the one :class:`~rollout_server.gateway._ring.EndpointRing` picks
-for the rollout's group (its ``group_id``, else the rollout itself).
+The gateway is one handler (:class:`~rollout_server.gateway._relay.Relay`) on a bare
+``aiohttp.web.Server`` (no application, router or middleware) with a listener of its own
+(``127.0.0.1`` and a free port by default), apart from the rollout API: its routes need
+no server key, speak no rollout protocol and are never polled by callers. Each rollout
+gets a route ``http://<host>:<port>/r/<token>`` (a random token, so the URL is the
+capability); a call to ``<route>/<path>`` is forwarded to ``<endpoint>/<path>``, where the
+endpoint is the request's ``chat_completions_url``, or, when the gateway has endpoints of
+its own (``--model-endpoint``), the one :class:`~rollout_server.gateway._ring.EndpointRing`
+picks for the rollout's group (its ``group_id``, else the rollout itself).
 
 Forwarding: method, query, body and headers go on as they came (but hop-by-hop headers,
-``Host`` and ``Accept-Encoding``); the answer comes back with its status, headers and
-body, streamed chunk by chunk when it is a server-sent-event stream. An HTTP error of the
-endpoint is passed on unchanged. An endpoint that cannot be reached, or whose answer breaks
-off before any of it was passed on, gets ``502`` with an OpenAI-style error body (``type``
-``gateway_error``), which a workflow classifies as it would the endpoint's own 5xx; a
-stream that breaks off midway is cut off the same way for the workflow.
+``Host`` and ``Accept-Encoding``), through one connection pool with keep-alive and no
+cookie jar (an endpoint's cookies reach the workflow and are not kept); the answer comes
+back with its status, headers and body, streamed chunk by chunk when it is a
+server-sent-event stream. An HTTP error of the endpoint is passed on unchanged. An endpoint
+that cannot be reached, or whose answer breaks off before any of it was passed on, gets
+``502`` with an OpenAI-style error body (``type`` ``gateway_error``), which a workflow
+classifies as it would the endpoint's own 5xx; a stream that breaks off midway is cut off
+the same way for the workflow.
 
 Capture: a ``POST`` to a path ending in ``chat/completions`` is a turn. Unless the body
 already says, the gateway asks for token ids and logprobs (``"logprobs": true``,
@@ -31,25 +34,19 @@ a bad answer never fails the gateway, it is a flagged turn. Answers larger than
 
 from __future__ import annotations
 
-import asyncio
-import bisect
-import json
 import secrets
-import time
 from collections.abc import Sequence
-from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
+from typing import Final
+from urllib.parse import urlsplit
 
 import aiohttp
-import attrs
 from aiohttp import web
-
-from rollout_types import RolloutTurn, TurnFlag
 
 from .._errors import ServerConfigError
 from .._logtext import get_logger
 from ..execution._turns import ModelRoute, ModelRouter
-from ._capture import AnswerParts, StreamReader, read_completion
+from ._draft import RouteState
+from ._relay import Relay
 from ._ring import DEFAULT_LOAD_FACTOR, EndpointRing
 
 __all__ = ["DEFAULT_MAX_CAPTURE_BYTES", "ModelGateway"]
@@ -62,71 +59,6 @@ unrecorded."""
 
 DEFAULT_CONNECT_TIMEOUT_SEC: Final = 10.0
 """Default bound on connecting to a model endpoint, in seconds."""
-
-_HOP_BY_HOP: Final = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "accept-encoding",
-    }
-)
-"""Request headers that stay at the gateway."""
-
-_RESPONSE_DROPPED: Final = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "content-length",
-        "content-encoding",
-        "date",
-        "server",
-    }
-)
-"""Answer headers the gateway sets itself (the body it sends is decoded)."""
-
-_READ_CHUNK: Final = 64 * 1024
-
-_TOKEN_KNOBS: Final = ("logprobs", "return_token_ids")
-"""What the gateway asks for when the workflow did not (vLLM's names; SGLang reads them)."""
-
-
-def _public_url(url: str) -> str:
-    """``url`` without credentials (the ``endpoint`` a turn records)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port is not None else host
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-@attrs.define(kw_only=True, eq=False)
-class _Route:
-    """The gateway's state of one open route."""
-
-    route: ModelRoute
-    endpoint: str
-    ring_key: str | None
-    weight_version: str | None
-    calls: int = 0
-
-
-def _gateway_error(status: int, message: str, code: str) -> web.Response:
-    body = {"error": {"message": message, "type": "gateway_error", "param": None, "code": code}}
-    return web.json_response(body, status=status)
 
 
 class ModelGateway(ModelRouter):
@@ -197,9 +129,13 @@ class ModelGateway(ModelRouter):
         self.request_token_ids = bool(request_token_ids)
         self.max_capture_bytes = max_capture_bytes
         self._connect_timeout_sec = float(connect_timeout_sec)
-        self._routes: dict[str, _Route] = {}
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._routes: dict[str, RouteState] = {}
+        self._runner: web.ServerRunner | None = None
+        self._relay = Relay(
+            routes=self._routes,
+            max_capture_bytes=max_capture_bytes,
+            ask_tokens=self.request_token_ids,
+        )
         self._url: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -224,9 +160,12 @@ class ModelGateway(ModelRouter):
         """Listen (and open the connection pool to the endpoints); idempotent."""
         if self._runner is not None:
             return
-        app = web.Application(client_max_size=1024**3)
-        app.router.add_route("*", "/r/{token}/{tail:.*}", self._forward)
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # Speed: a bare web.Server (no Application, router or middleware); see
+        #   benchmarks/README.md, "The model gateway".
+        server = web.Server(
+            self._relay.forward, request_factory=self._relay.make_request, access_log=None
+        )
+        runner = web.ServerRunner(server, handle_signals=False)
         await runner.setup()
         try:
             site = web.TCPSite(runner, self.host, self.port)
@@ -234,8 +173,11 @@ class ModelGateway(ModelRouter):
         except BaseException:
             await runner.cleanup()
             raise
-        self._session = aiohttp.ClientSession(
+        self._relay.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0),
+            # No cookies: an endpoint's cookie must not follow one rollout into another's
+            # calls (and the jar costs each call a lookup).
+            cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_sec),
             auto_decompress=True,
         )
@@ -251,8 +193,8 @@ class ModelGateway(ModelRouter):
 
     async def stop(self) -> None:
         """Stop listening and close the connection pool; idempotent."""
-        runner, session = self._runner, self._session
-        self._runner = self._session = None
+        runner, session = self._runner, self._relay.session
+        self._runner = self._relay.session = None
         if runner is not None:
             await runner.cleanup()
         if session is not None:
@@ -282,7 +224,7 @@ class ModelGateway(ModelRouter):
             endpoint = self._ring.acquire(ring_key)
         else:
             endpoint = chat_completions_url.rstrip("/")
-        self._routes[token] = _Route(
+        self._routes[token] = RouteState(
             route=route, endpoint=endpoint, ring_key=ring_key, weight_version=weight_version
         )
         return route
@@ -303,267 +245,3 @@ class ModelGateway(ModelRouter):
     def open_routes(self) -> int:
         """Routes open now (one per rollout in flight)."""
         return len(self._routes)
-
-    # -- forwarding -----------------------------------------------------------------------
-
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
-        state = self._routes.get(request.match_info["token"])
-        if state is None:
-            return _gateway_error(
-                404,
-                "model gateway: no such route (the rollout has finished, or the URL is wrong)",
-                "route_not_found",
-            )
-        session = self._session
-        if session is None:  # stopping
-            return _gateway_error(503, "model gateway: shutting down", "gateway_stopping")
-        tail = request.match_info["tail"]
-        if not state.endpoint:
-            return _gateway_error(
-                502,
-                "model gateway: the rollout has no chat_completions_url to forward to",
-                "no_endpoint",
-            )
-        url = f"{state.endpoint}/{tail}"
-        if request.query_string:
-            url += f"?{request.query_string}"
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        body = await request.read()
-        if request.method != "POST" or not tail.rstrip("/").endswith("chat/completions"):
-            return await self._relay(request, session, url, headers=headers, body=body, turn=None)
-        index = state.calls
-        state.calls += 1
-        turn = _TurnDraft(state=state, index=index, started=time.monotonic())
-        body = turn.read_request(body, ask_tokens=self.request_token_ids)
-        try:
-            return await self._relay(request, session, url, headers=headers, body=body, turn=turn)
-        except asyncio.CancelledError:
-            turn.parts.flag(TurnFlag.CANCELLED)
-            raise
-        finally:
-            turn.record()
-
-    async def _relay(
-        self,
-        request: web.Request,
-        session: aiohttp.ClientSession,
-        url: str,
-        *,
-        headers: dict[str, str],
-        body: bytes,
-        turn: _TurnDraft | None,
-    ) -> web.StreamResponse:
-        try:
-            upstream = await session.request(
-                request.method, url, data=body, headers=headers, allow_redirects=False
-            )
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            if turn is not None:
-                turn.parts.flag(TurnFlag.UNREACHABLE)
-            return _gateway_error(
-                502,
-                f"model gateway: cannot reach the model endpoint {_public_url(url)}: {exc!r}",
-                "upstream_unreachable",
-            )
-        async with upstream:
-            if turn is not None:
-                turn.status_code = upstream.status
-            out_headers = {
-                k: v for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROPPED
-            }
-            streamed = upstream.content_type == "text/event-stream"
-            if streamed and upstream.status < 400:
-                return await self._pipe(request, upstream, out_headers, turn)
-            return await self._buffer(request, upstream, out_headers, turn)
-
-    async def _buffer(
-        self,
-        request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        headers: dict[str, str],
-        turn: _TurnDraft | None,
-    ) -> web.StreamResponse:
-        """A whole answer, read up to the capture limit; past it, relayed as it comes."""
-        limit = self.max_capture_bytes
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            length = upstream.content_length
-            if length is not None and length <= limit:  # the common case: one read
-                data = await upstream.read()
-                if turn is not None:
-                    turn.answer(upstream.status, data)
-                return web.Response(body=data, status=upstream.status, headers=headers)
-            async for chunk in upstream.content.iter_chunked(_READ_CHUNK):
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > limit:
-                    break
-            else:
-                data = b"".join(chunks)
-                if turn is not None:
-                    turn.answer(upstream.status, data)
-                return web.Response(body=data, status=upstream.status, headers=headers)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            if turn is not None:
-                turn.parts.flag(TurnFlag.DISCONNECTED)
-            return _gateway_error(
-                502,
-                f"model gateway: the model endpoint's answer broke off: {exc!r}",
-                "upstream_disconnected",
-            )
-        # Too large to record: relay it as it comes.
-        if turn is not None:
-            turn.parts.flag(TurnFlag.TOO_LARGE)
-            if upstream.status >= 400:
-                turn.parts.flag(TurnFlag.UPSTREAM_ERROR)
-        response = web.StreamResponse(status=upstream.status, headers=headers)
-        await response.prepare(request)
-        try:
-            await response.write(b"".join(chunks))
-            chunks.clear()
-            async for chunk in upstream.content.iter_chunked(_READ_CHUNK):
-                await response.write(chunk)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            if turn is not None:
-                turn.parts.flag(TurnFlag.DISCONNECTED)
-                turn.record()  # before the cut (see _pipe)
-            return _cut_off(request, response, exc)
-        except ConnectionError:
-            if turn is not None:
-                turn.parts.flag(TurnFlag.CANCELLED)
-            return response
-        await response.write_eof()
-        return response
-
-    async def _pipe(
-        self,
-        request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        headers: dict[str, str],
-        turn: _TurnDraft | None,
-    ) -> web.StreamResponse:
-        """A server-sent-event stream, relayed chunk by chunk (and assembled on the way)."""
-        reader = StreamReader(self.max_capture_bytes) if turn is not None else None
-        response = web.StreamResponse(status=upstream.status, headers=headers)
-        await response.prepare(request)
-        broken = False
-        try:
-            try:
-                async for chunk in upstream.content.iter_any():
-                    if reader is not None:
-                        reader.feed(chunk)
-                    await response.write(chunk)
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                broken = True
-                if reader is not None and turn is not None:
-                    # Recorded before the workflow's connection is cut, so a workflow
-                    # that sees the cut finds the turn.
-                    turn.merge(reader.finish(broken=True))
-                    turn.record()
-                    reader = None
-                return _cut_off(request, response, exc)
-            except ConnectionError:  # the workflow went away
-                if turn is not None:
-                    turn.parts.flag(TurnFlag.CANCELLED)
-                return response
-            await response.write_eof()
-            return response
-        finally:
-            if reader is not None and turn is not None:
-                turn.merge(reader.finish(broken=broken))
-
-
-def _cut_off(
-    request: web.Request, response: web.StreamResponse, exc: BaseException
-) -> web.StreamResponse:
-    """Break the workflow's connection, as the endpoint broke the gateway's."""
-    logger.debug("Model endpoint answer broke off for %s: %r", request.path, exc)
-    transport = request.transport
-    if transport is not None:
-        transport.close()
-    response.force_close()
-    return response
-
-
-@attrs.define(kw_only=True, eq=False)
-class _TurnDraft:
-    """One chat completion call in flight, recorded as a turn when it ends."""
-
-    state: _Route
-    index: int
-    started: float
-    messages: list[Any] = attrs.Factory(list)
-    status_code: int | None = None
-    parts: AnswerParts = attrs.Factory(AnswerParts)
-    recorded: bool = False
-
-    def read_request(self, body: bytes, *, ask_tokens: bool) -> bytes:
-        """Note the request's messages; return the body to send (asking for token ids and
-        logprobs unless the request already says)."""
-        try:
-            document = json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            document = None
-        if not isinstance(document, dict):
-            self.parts.flag(TurnFlag.UNPARSED_REQUEST)
-            return body
-        messages = document.get("messages")
-        if isinstance(messages, list):
-            self.messages = messages
-        if not ask_tokens:
-            return body
-        missing = [key for key in _TOKEN_KNOBS if key not in document]
-        if not missing:
-            return body
-        # Spliced in after the opening brace: the rest of the body goes on byte for byte
-        # (and is not encoded again).
-        if body.lstrip()[:1] != b"{":  # not UTF-8 (json reads UTF-16 and -32 too)
-            document.update(dict.fromkeys(missing, True))
-            return json.dumps(document, ensure_ascii=False).encode()
-        head = b"".join(b'"%s":true,' % key.encode() for key in missing)
-        start = body.index(b"{") + 1
-        if not document:
-            head = head[:-1]  # "{}": no member follows
-        return body[:start] + head + body[start:]
-
-    def answer(self, status: int, data: bytes) -> None:
-        """Take a whole answer."""
-        if status >= 400:
-            self.parts.flag(TurnFlag.UPSTREAM_ERROR)
-            return
-        self.merge(read_completion(data))
-
-    def merge(self, parts: AnswerParts) -> None:
-        """Take what the answer said, keeping the flags noted so far."""
-        for flag in self.parts.flags:
-            parts.flag(flag)
-        self.parts = parts
-
-    def record(self) -> None:
-        """Add the turn to its route, in call order (once; later calls do nothing)."""
-        if self.recorded:
-            return
-        self.recorded = True
-        state, parts = self.state, self.parts
-        if self.status_code is not None and self.status_code >= 400:
-            parts.flag(TurnFlag.UPSTREAM_ERROR)
-        turn = RolloutTurn(
-            index=self.index,
-            endpoint=_public_url(state.endpoint),
-            request_messages=self.messages,
-            response_message=parts.response_message,
-            finish_reason=parts.finish_reason,
-            prompt_token_ids=parts.prompt_token_ids,
-            completion_token_ids=parts.completion_token_ids,
-            logprobs=parts.logprobs,
-            weight_version=parts.weight_version or state.weight_version,
-            status_code=self.status_code,
-            latency_sec=time.monotonic() - self.started,
-            flags=list(parts.flags),
-        )
-        bisect.insort(state.route.turns, turn, key=_turn_index)
-
-
-def _turn_index(turn: RolloutTurn) -> int:
-    return turn.index
