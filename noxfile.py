@@ -344,10 +344,11 @@ TRAINER_UNDECLARED = ("cachetools", "uvicorn", "fastapi")
 def trainers(session: nox.Session) -> None:
     """The trainer adapters against the real TRL and verl, where they install (by hand).
 
-    Not in the default set: several GB of downloads. pip (not uv) installs the CPU PyTorch first and pins it (a constraints file), then TRL
-    and verl each on its own: one that does not install with that PyTorch is reported and
-    skipped, and ``tests/integration/test_trainer_adapters.py`` runs with what installed
-    (its real-library checks skip for a library that is absent).
+    Not in the default set: several GB of downloads. pip (not uv) installs the CPU PyTorch
+    first and pins it (a constraints file), then TRL and verl each on its own: one that does
+    not install with that PyTorch is reported and skipped, and
+    ``tests/integration/test_trainer_adapters.py`` runs with what installed (its
+    real-library checks skip for a library that is absent).
     """
     install_wheels(session, "rollout-types", "rollout-client", "rollout-server", extras=TEST_EXTRAS)
     session.install(*TEST_DEPS)
