@@ -17,41 +17,38 @@ served by a single loop timer), never sleeping tasks nor a loop timer each:
 
 A result is published exactly once: the first of the execution's end (the registry
 publishes it when the task is done, asking ``outcome_of`` what the execution produced),
-cancellation, lease expiry or shutdown wins. Its :class:`PublicationObserver` objects (the
-server's metrics and tracing) hear of each publication and first delivery.
+cancellation, lease expiry or shutdown wins. Its
+:class:`~rollout_server.state._publication.PublicationObserver` objects (the server's metrics
+and tracing) hear of each publication and first delivery.
 
-The module is longer than 500 lines because the registry is the one writer of a record:
-admission, status, lease, cancellation, publication, delivery and retention each change
-the same record, and keeping every write in one class is what makes each rule hold once.
+The registry is the one writer of a record: admission, status, lease, cancellation,
+publication, delivery and retention each change the same record, and keeping every write in
+one class is what makes each rule hold once. How a rollout's end is worded (the messages,
+what a task's end publishes, the "finished" log line, the observer protocol) lives in
+:mod:`rollout_server.state._publication`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from rollout_types import CancelDisposition, RolloutErrorCategory, RolloutSample, RolloutStatus
 
 from .._logtext import get_logger
-from ..observability._jsonlog import log_fields
 from ._bodies import result_body
 from ._deadlines import FIRE_SLACK_SEC, DeadlineQueue
+from ._publication import LEASE_EXPIRED_MESSAGE, PublicationObserver, log_finished, task_end
 from ._record import ResultFields, RolloutRecord, token_digest
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC, LongPollWaits
 
 __all__ = ["PublicationObserver", "RolloutRegistry"]
 
 logger: Final = get_logger("rollout_server.registry")
-
-LEASE_EXPIRED_MESSAGE: Final = "polling lease expired"
-CRASH_MESSAGE: Final = "rollout task crashed"
-CANCELLED_MESSAGE: Final = "cancelled"
-"""``err_message`` of a rollout whose execution was cancelled after it started."""
 
 TOKEN_BYTES: Final = 32
 """Random bytes in a lease token (``secrets.token_urlsafe(32)``: 43 characters of base64url)."""
@@ -64,21 +61,6 @@ def _no_outcome(_rollout_id: str, _task: asyncio.Task[Any]) -> ResultFields | No
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
-
-
-class PublicationObserver(Protocol):
-    """What the registry tells its observers (called on the loop; must not raise)."""
-
-    def published(
-        self,
-        record: RolloutRecord,
-        status: RolloutStatus,
-        category: RolloutErrorCategory | None,
-    ) -> None:
-        """The result of ``record`` has just been fixed, with this status and category."""
-
-    def delivered(self, record: RolloutRecord) -> None:
-        """A poll has returned the published result of ``record`` for the first time."""
 
 
 class RolloutRegistry:
@@ -307,7 +289,7 @@ class RolloutRegistry:
             err_category=err_category,
         )
         record.status = status
-        self._log_finished(record, status, sample, err_message, err_category)
+        log_finished(record, status, sample, err_message, err_category)
         if record._lease_timer is not None:
             self._deadlines.cancel(record._lease_timer)
             record._lease_timer = None
@@ -321,30 +303,6 @@ class RolloutRegistry:
         for observer in self._observers:
             observer.published(record, status, err_category)
         return True
-
-    def _log_finished(
-        self,
-        record: RolloutRecord,
-        status: RolloutStatus,
-        sample: RolloutSample | None,
-        err_message: str | None,
-        err_category: RolloutErrorCategory | None,
-    ) -> None:
-        level = logging.DEBUG if status is RolloutStatus.SUCCESS else logging.INFO
-        if not logger.isEnabledFor(level):
-            return
-        logger.log(
-            level,
-            "Rollout %s finished: status=%s err_category=%s duration=%.3fs reward=%s "
-            "err_message=%s",
-            record.rollout_id,
-            status.value,
-            None if err_category is None else err_category.value,
-            time.monotonic() - record.admitted_at,
-            None if sample is None else sample.reward,
-            err_message,
-            extra=log_fields(record.rollout_id, status, err_category),
-        )
 
     def deliver_status(self, record: RolloutRecord) -> RolloutStatus:
         """Note that a poll answers the current in-progress status of ``record`` (the
@@ -453,55 +411,20 @@ class RolloutRegistry:
 
     def _publish_end(self, record: RolloutRecord, task: asyncio.Task[Any]) -> None:
         """Publish how the execution task of ``record`` ended (a no-op if a result is fixed
-        already): the one place a task's end is published.
-
-        A cancelled task is ``cancelled``, with the message ``"cancelled"`` once it had
-        started; a task that returned or raised an ``Exception`` gets what ``outcome_of``
-        makes of it, unless the lease lapsed meanwhile (then ``lease_expired``, as if the
-        lease timer had won); anything else (a ``BaseException``, no outcome, a failing
-        ``outcome_of``) is a crash: ``failure`` / ``internal_error``.
-        """
-        rollout_id = record.rollout_id
-        if task.cancelled():
-            message = CANCELLED_MESSAGE if record.started else None
-            self.publish(record, status=RolloutStatus.CANCELLED, err_message=message)
+        already): the one place a task's end is published (what it publishes:
+        :func:`~rollout_server.state._publication.task_end`). An outcome of the execution
+        loses to a lease that lapsed meanwhile (``lease_expired``, as if the lease timer had
+        won)."""
+        fields, from_outcome = task_end(record, task, self._outcome_of)
+        if from_outcome and record.body is None and self.loop.time() >= record.lease_deadline:
+            self._expire(record)
             return
-        exc = task.exception()
-        if exc is None or isinstance(exc, Exception):
-            try:
-                fields = self._outcome_of(rollout_id, task)
-            except Exception:
-                logger.exception("Publishing the outcome of rollout %s failed", rollout_id)
-            else:
-                if fields is not None:
-                    if record.body is None and self.loop.time() >= record.lease_deadline:
-                        self._expire(record)
-                    else:
-                        self.publish(
-                            record,
-                            status=fields.status,
-                            sample=fields.sample,
-                            err_message=fields.err_message,
-                            err_category=fields.err_category,
-                        )
-                    return
-                logger.error(
-                    "Rollout task for %s ended without a result",
-                    rollout_id,
-                    extra=log_fields(rollout_id, "failure", "internal_error"),
-                )
-        else:
-            logger.error(
-                "Rollout task for %s crashed",
-                rollout_id,
-                exc_info=exc,
-                extra=log_fields(rollout_id, "failure", "internal_error"),
-            )
         self.publish(
             record,
-            status=RolloutStatus.FAILURE,
-            err_message=CRASH_MESSAGE,
-            err_category=RolloutErrorCategory.INTERNAL_ERROR,
+            status=fields.status,
+            sample=fields.sample,
+            err_message=fields.err_message,
+            err_category=fields.err_category,
         )
 
     def _on_retention_elapsed(self, record: RolloutRecord) -> None:
