@@ -54,12 +54,13 @@ ROLLOUT_SERVER_KEY: Final = web.AppKey("rollout_server", RolloutServer)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    """The app's cleanup context: bind the registry to the serving loop and start the
-    backend (:meth:`~rollout_server.ExecutionBackend.startup`) before the app serves; at
-    cleanup, run the staged shutdown without the collect window (the listeners are gone by
-    then)."""
+    """The app's cleanup context: bind the registry to the serving loop, open the state
+    store (recovering what it holds) and start the backend
+    (:meth:`~rollout_server.ExecutionBackend.startup`) before the app serves; at cleanup,
+    run the staged shutdown without the collect window (the listeners are gone by then)."""
     server = app[ROLLOUT_SERVER_KEY]
     _ = server.registry.loop
+    await server.open_state()
     await server.backend.startup()
     yield
     await server.drain(collect=False)

@@ -13,13 +13,12 @@ Admission asks the backend for room exactly once per admitted rollout, however m
 admissions run at once (see :mod:`rollout_server.execution._backend`): a backend with
 ``try_reserve()`` holds a reservation until the rollout's execution starts; for a backend
 that only answers ``has_capacity()``, the server counts its own admitted-but-not-started
-rollouts and lets a new admission ask only once none is left (:class:`_AdmissionTurns`).
+rollouts and lets a new admission ask only once none is left (:class:`AdmissionTurns`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import enum
 import os
@@ -42,13 +41,17 @@ from .._sanitize import fit_json
 from ..execution._backend import ExecutionBackend, ExecutionRequest
 from ..observability._observer import NO_OBSERVER, ExecutionObserver
 from ..observability._tracing import ServerTracing
+from ..state._durability import StoreLink
 from ..state._record import RolloutRecord
 from ..state._registry import PublicationObserver, RolloutRegistry
+from ..state._store import MEMORY, StateLocation, StateStore, parse_state_url, store_for
 from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._cancellation import Cancellation
 from ._execution import StatusSink, execution_result, start_execution
 from ._metrics import ServerMetrics
+from ._recovery import Recovery, health_fields, recover
 from ._shutdown import ShutdownTimeouts, run_staged_shutdown
+from ._turns import AdmissionTurns
 
 __all__ = [
     "DEFAULT_BODY_READ_TIMEOUT_SEC",
@@ -97,64 +100,6 @@ class Refusal(enum.Enum):
 def _overrides(backend: ExecutionBackend, name: str) -> bool:
     """Whether ``backend``'s class has its own ``name`` rather than the base class's."""
     return getattr(type(backend), name, None) is not getattr(ExecutionBackend, name)
-
-
-class _AdmissionTurns:
-    """Admissions in arrival order, each asking a ``has_capacity()``-only backend only once
-    every rollout admitted before it has started (and so counts in the backend's answer).
-
-    Used only for backends without ``try_reserve()`` whose ``has_capacity()`` can refuse.
-    Without contention an admission passes at once; otherwise it waits for its turn, which
-    comes once the rollouts admitted before it have taken their first step (usually the
-    next loop turn).
-    """
-
-    __slots__ = ("_held", "_loop", "_waiters", "unstarted")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._held = False
-        self.unstarted = 0
-        """Admitted rollouts whose execution has not taken its first step yet."""
-
-    async def take(self) -> None:
-        """Wait until this admission may ask the backend; pair it with :meth:`give_back`."""
-        if not self.unstarted and not self._waiters and not self._held:
-            self._held = True
-            return
-        waiter = self._loop.create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.give_back()  # the turn was handed over just before the cancellation
-            else:
-                self._waiters.remove(waiter)
-            raise
-
-    def give_back(self) -> None:
-        """End this admission's turn (it admitted a rollout or refused one)."""
-        self._held = False
-        self._pass_on()
-
-    def started(self) -> None:
-        """One admitted rollout is about to take its first step."""
-        self.unstarted -= 1
-        if not self.unstarted and self._waiters:
-            # After that step (queued behind it), when the backend counts the rollout.
-            self._loop.call_soon(self._pass_on)
-
-    def _pass_on(self) -> None:
-        if self._held or self.unstarted:
-            return
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self._held = True
-                waiter.set_result(None)
-                return
 
 
 _NOT_TRACED: Final = contextlib.nullcontext()
@@ -255,11 +200,25 @@ class RolloutServer:
         )
         self._reserves = _overrides(backend, "try_reserve")
         self._takes_turns = not self._reserves and _overrides(backend, "has_capacity")
-        self._turns: _AdmissionTurns | None = None
+        self._turns: AdmissionTurns | None = None
         self._accepting = True
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self._drain_task: asyncio.Task[None] | None = None
         self._hurry: asyncio.Future[None] | None = None
+        self.state: StateLocation = parse_state_url(MEMORY)
+        self._store: StateStore = store_for(self.state)
+        self.recovery = Recovery()
+
+    # -- durable state --------------------------------------------------------------------
+
+    async def open_state(self) -> None:
+        """Open the state store and recover what it holds (see
+        :mod:`rollout_server.protocol._recovery`); the app does it before it serves.
+
+        Raises:
+            StateOpenError: If the store cannot be opened (``rollout-server serve`` exits 2).
+        """
+        self.recovery = await recover(self.registry, self._store, process_id=self.process_id)
 
     # -- admission ------------------------------------------------------------------------
 
@@ -285,28 +244,61 @@ class RolloutServer:
         Returns:
             The lease token, or why the rollout was refused.
         """
+        link = self.registry.store_link
         if not self._takes_turns:
-            return self._admit_now(init)
+            return self._admit_now(init) if link is None else await self._admit_stored(init, link)
         turns = self._turns
         if turns is None:
-            turns = self._turns = _AdmissionTurns(self.registry.loop)
+            turns = self._turns = AdmissionTurns(self.registry.loop)
         await turns.take()
         try:
-            return self._admit_now(init)
+            return self._admit_now(init) if link is None else await self._admit_stored(init, link)
         finally:
             turns.give_back()
 
-    def _admit_now(self, init: RolloutInitRequest) -> str | Refusal:
+    def _refusal(self, init: RolloutInitRequest) -> Refusal | None:
+        """Why ``init`` cannot be admitted now, if it cannot; else the backend's room is
+        taken (reserved, for a backend with ``try_reserve()``)."""
         if not self._accepting:
             return Refusal.SHUTTING_DOWN
         backend = self.backend
         if not (backend.try_reserve() if self._reserves else backend.has_capacity()):
             return Refusal.QUEUE_FULL
-        registry = self.registry
-        if init.rollout_id in registry:
+        if init.rollout_id in self.registry:
             if self._reserves:
                 self._release_reservation()
             return Refusal.DUPLICATE
+        return None
+
+    def _admit_now(self, init: RolloutInitRequest) -> str | Refusal:
+        refusal = self._refusal(init)
+        return self._register(init, None) if refusal is None else refusal
+
+    async def _admit_stored(self, init: RolloutInitRequest, link: StoreLink) -> str | Refusal:
+        """Admit ``init`` once its admission is durable (the id is held meanwhile).
+
+        Raises:
+            StoreWriteError: If the admission could not be stored (the route answers 503).
+        """
+        refusal = self._refusal(init)
+        if refusal is not None:
+            return refusal
+        try:
+            token = await link.admit(init.rollout_id)
+        except BaseException:
+            if self._reserves:
+                self._release_reservation()
+            raise
+        if not self._accepting:  # shutdown began during the write
+            link.forget(init.rollout_id)
+            if self._reserves:
+                self._release_reservation()
+            return Refusal.SHUTTING_DOWN
+        return self._register(init, token)
+
+    def _register(self, init: RolloutInitRequest, token: str | None) -> str:
+        registry = self.registry
+        backend = self.backend
         observer = self._observer
         trace_scope = self._trace_scope
         admitted_at = time.monotonic()
@@ -344,7 +336,7 @@ class RolloutServer:
                 )
 
         try:
-            _record, token = registry.register(init.rollout_id, start, admitted_at)
+            _record, token = registry.register(init.rollout_id, start, admitted_at, token)
         except BaseException:
             if not scheduled and self._reserves:
                 self._release_reservation()
@@ -406,6 +398,8 @@ class RolloutServer:
         if not isinstance(fitted, dict):
             logger.warning("backend.health() returned %s, not a dict", type(fields).__name__)
             fitted = {"status": "unknown"}
+        # The server's own fields win over a backend's of the same name, as identity does.
+        fitted["state"] = health_fields(self._store, self.recovery)
         return RolloutHealth(
             instance_id=self.instance_id,
             process_id=self.process_id,
@@ -468,3 +462,4 @@ class RolloutServer:
                 task.cancel()
             if still:
                 await asyncio.wait(still, timeout=1.0)
+        await self._store.close()

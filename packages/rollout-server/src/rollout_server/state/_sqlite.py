@@ -70,6 +70,8 @@ _PUBLISH: Final = (
 )
 _DISPOSITION: Final = "UPDATE rollouts SET cancel_disposition = ? WHERE rollout_id = ?"
 _FORGET: Final = "DELETE FROM rollouts WHERE rollout_id = ?"
+_BARRIER: Final = ""
+"""No statement: a write that only marks a place in the queue (:meth:`SqliteStore.flush`)."""
 _SELECT: Final = (
     "SELECT rollout_id, admitted_at, process_id, status, lease_sec, lease_deadline, "
     "token_sha256, result, retention_deadline, cancel_disposition FROM rollouts "
@@ -327,7 +329,7 @@ class SqliteStore:
         assert loop is not None, "open() the store first"
         fut = loop.create_future()
         if self._closing:
-            fut.set_exception(StoreWriteError(f"{self.url} is closed"))
+            fut.set_exception(StoreWriteError(f"{self.url} is closed", reason="closed"))
             return fut
         self._queue.put((sql, params, fut))
         return fut
@@ -362,6 +364,12 @@ class SqliteStore:
         """Delete a row with the next batch."""
         if not self._closing:
             self._queue.put((_FORGET, (rollout_id,), None))
+
+    async def flush(self) -> None:
+        """Wait until every write queued before this call is committed (or failed) and its
+        future settled (the settling runs in commit order, before this returns)."""
+        with contextlib.suppress(StoreWriteError):
+            await self._submit(_BARRIER, ())
 
     async def close(self) -> None:
         """Write everything queued, checkpoint the WAL into the file, release the lock."""
@@ -410,30 +418,35 @@ class SqliteStore:
                 return
 
     def _commit(self, db: sqlite3.Connection, writes: list[_Write]) -> None:
+        """Run ``writes`` in one transaction (one fsync), then settle their futures."""
+        statements = [(sql, params) for sql, params, _fut in writes if sql]
         error: StoreWriteError | None = None
-        try:
-            db.execute("BEGIN IMMEDIATE")
+        if statements:
             try:
-                for sql, params, _fut in writes:
-                    db.execute(sql, params)
-                db.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            error = StoreWriteError(f"writing state file {self.path} failed: {exc}")
-            logger.error("%s (%d write(s) in the failed commit)", error, len(writes))
-        stats = self._stats
-        if error is None:
-            self._stats = attrs.evolve(
-                stats,
-                commits=stats.commits + 1,
-                writes=stats.writes + len(writes),
-                largest_batch=max(stats.largest_batch, len(writes)),
-            )
-        else:
-            self._stats = attrs.evolve(stats, failed_commits=stats.failed_commits + 1)
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    for sql, params in statements:
+                        db.execute(sql, params)
+                    db.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                error = StoreWriteError(
+                    f"writing state file {self.path} failed: {exc}", reason=str(exc)
+                )
+                logger.error("%s (%d write(s) in the failed commit)", error, len(statements))
+            stats = self._stats
+            if error is None:
+                self._stats = attrs.evolve(
+                    stats,
+                    commits=stats.commits + 1,
+                    writes=stats.writes + len(statements),
+                    largest_batch=max(stats.largest_batch, len(statements)),
+                )
+            else:
+                self._stats = attrs.evolve(stats, failed_commits=stats.failed_commits + 1)
         futures = [fut for _sql, _params, fut in writes if fut is not None]
         loop = self._loop
         if futures and loop is not None and not loop.is_closed():

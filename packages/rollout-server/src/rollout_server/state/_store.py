@@ -68,7 +68,16 @@ class StateOpenError(ServerConfigError):
 
 class StoreWriteError(RolloutServerError):
     """A write to the state store failed (the disk is full, the file became unwritable):
-    an admission is refused with 503; a result is served from memory only."""
+    an admission is refused with 503; a result is served from memory only.
+
+    Args:
+        message: What failed, naming the store (for the log).
+        reason: Why, without naming the file (for a client: ``"database or disk is full"``).
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @attrs.frozen(kw_only=True)
@@ -231,6 +240,10 @@ class StateStore(Protocol):
     def forget(self, rollout_id: str) -> None:
         """Delete the row of a rollout no longer held, with the next batch."""
 
+    async def flush(self) -> None:
+        """Wait until every write queued before this call is durable (or has failed), and
+        the futures of those writes have run their callbacks."""
+
     async def close(self) -> None:
         """Write everything queued, then release the store (idempotent)."""
 
@@ -258,6 +271,9 @@ class MemoryStore:
 
     def forget(self, rollout_id: str) -> None:
         """Nothing kept."""
+
+    async def flush(self) -> None:
+        """Nothing queued."""
 
     async def close(self) -> None:
         """Nothing to release."""
