@@ -66,7 +66,16 @@ tests validate the documents it writes against them (test-only; the server needs
 TEST_EXTRAS = {"rollout-server": "otel"}
 """The extra each distribution's tests install with it: rollout-server's tracing tests need
 OpenTelemetry (the tests of the extra's absence hide it)."""
-LINT_PATHS = ["packages", "tests", "noxfile.py", "run.py", "tools", "examples", "benchmarks"]
+LINT_PATHS = [
+    "packages",
+    "tests",
+    "noxfile.py",
+    "run.py",
+    "tools",
+    "examples",
+    "benchmarks",
+    "docs",
+]
 
 
 def _expose_pyenv_interpreters() -> None:
@@ -105,6 +114,7 @@ nox.options.sessions = [
     "ray",
     "report_browser",
     "floors",
+    "docs",
 ]
 
 
@@ -226,7 +236,7 @@ def unclassified_server_modules() -> list[str]:
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over the packages, the typing file, the dev tools' shared modules
-    (compatibility table, process handling, demo) and the noxfile."""
+    (compatibility table, process handling, demo, public surface) and the noxfile."""
     session.install(MYPY, "nox>=2024.10", *TEST_DEPS, "uvloop")
     session.install(
         "-e",
@@ -245,6 +255,7 @@ def typecheck(session: nox.Session) -> None:
         "tools/compatibility.py",
         "tools/devprocs.py",
         "tools/demo.py",
+        "tools/public_surface.py",
         "noxfile.py",
     )
 
@@ -440,6 +451,40 @@ def floors(session: nox.Session, distribution: str) -> None:
     )
     session.install(*TEST_DEPS, *extra_test_deps, "--constraint", str(constraints))
     run_pytest(session, *PARALLEL, f"packages/{distribution}/tests")
+
+
+SPHINX = "sphinx==9.0.4"
+"""Pinned like the linters (LINT_DEPS): the docs build turns warnings into errors, and a new
+Sphinx release can add warnings."""
+DOCS_BUILD = ROOT / "docs" / "_build"
+
+
+@nox.session(python="3.11")
+def docs(session: nox.Session) -> None:
+    """The API reference (``docs/``), rendered from the docstrings into ``docs/_build/html``.
+
+    Installs the three distributions from wheels and Sphinx, then builds with warnings as
+    errors and nitpicky references (``-W --keep-going -n``): every ``:class:``, ``:func:``
+    and ``:meth:`` reference to our own objects must resolve (``docs/conf.py`` lists the
+    external packages whose references cannot link without a network). Posargs go to
+    ``sphinx-build``.
+    """
+    install_wheels(session, "rollout-types", "rollout-client", "rollout-server")
+    session.install(SPHINX)
+    shutil.rmtree(DOCS_BUILD, ignore_errors=True)
+    session.run(
+        "sphinx-build",
+        "-W",
+        "--keep-going",
+        "-n",
+        "-q",
+        "-b",
+        "html",
+        "docs",
+        str(DOCS_BUILD / "html"),
+        *session.posargs,
+        env={"PYTHONDONTWRITEBYTECODE": "1"},
+    )
 
 
 DIST_DIR = ROOT / "dist"

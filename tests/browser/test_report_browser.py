@@ -18,7 +18,7 @@ import pytest
 from browser_harness import BrowserPage, image_stats
 
 from rollout_client.eval import JournalRecord
-from rollout_client.eval._report import write_report
+from rollout_client.eval.report import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 

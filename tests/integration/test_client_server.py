@@ -152,7 +152,7 @@ class TestEndToEnd:
     async def test_version_mismatch_426(self, gated):
         """A client of another protocol major is refused with a version error naming both."""
         _backend, _server, client = gated
-        transport = client._transport
+        transport = client._channel.transport
         transport._headers = {**transport._headers, PROTOCOL_VERSION_HEADER: "9.0"}
         with pytest.raises(RolloutProtocolVersionError) as e:
             await client.health()

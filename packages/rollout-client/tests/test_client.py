@@ -81,7 +81,7 @@ class TestSessions:
         server = await serve(web.get("/health", lambda r: json_response({})))
         client = RolloutClient(url=server.url)
         await client.health()
-        session = client._transport._session
+        session = client._channel.transport._session
         assert session is not None
         await client.aclose()
         assert session.closed
@@ -94,7 +94,7 @@ class TestSessions:
         server = await serve(web.get("/health", lambda r: json_response({})))
         async with RolloutClient(url=server.url) as client:
             await client.health()
-            session = client._transport._session
+            session = client._channel.transport._session
         assert session is not None
         assert session.closed
 

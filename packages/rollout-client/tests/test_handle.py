@@ -143,7 +143,7 @@ class TestHandleCancel:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert all(handle.done() for handle in client._handles)
+        assert all(task.done() for task in client._channel.polling())
 
 
 class TestMilestones:

@@ -155,7 +155,7 @@ class TestTransportRetries:
         """A connect (or pool) timeout on a poll propagates at once, unretried."""
         server = await polled(serve, ok())
         client = make_client(server.url)
-        real_send = client._transport.send
+        real_send = client._channel.transport.send
         attempts = 0
 
         async def send(method: str, url: Any, **kwargs: Any) -> Any:
@@ -165,7 +165,7 @@ class TestTransportRetries:
                 raise aiohttp.ConnectionTimeoutError("Connection timeout to host")
             return await real_send(method, url, **kwargs)
 
-        monkeypatch.setattr(client._transport, "send", send)
+        monkeypatch.setattr(client._channel.transport, "send", send)
         with pytest.raises(aiohttp.ConnectionTimeoutError):
             await client.run_rollout(MESSAGES, "u", "r1")
         assert attempts == 1
@@ -175,7 +175,7 @@ class TestTransportRetries:
         """Each poll reads for wait + 10 s and waits for a connection at most the lease left."""
         server = await polled(serve, ok(), wait=2.5, lease=100.0)
         client = make_client(server.url)
-        real_send = client._transport.send
+        real_send = client._channel.transport.send
         timeouts: list[aiohttp.ClientTimeout] = []
 
         async def send(method: str, url: Any, *, timeout: Any, **kwargs: Any) -> Any:
@@ -183,7 +183,7 @@ class TestTransportRetries:
                 timeouts.append(timeout)
             return await real_send(method, url, timeout=timeout, **kwargs)
 
-        monkeypatch.setattr(client._transport, "send", send)
+        monkeypatch.setattr(client._channel.transport, "send", send)
         await client.run_rollout(MESSAGES, "u", "r1")
         (timeout,) = timeouts
         assert timeout.total is None

@@ -17,8 +17,9 @@ from ._errors import (
     RolloutServersUnavailableError,
 )
 from ._handle import RolloutHandle
-from ._pool import PoolServerStatus, RolloutClientPool
+from ._pool import RolloutClientPool
 from ._retry import RetrySettings
+from ._rotation import PoolServerStatus
 from ._version import VERSION
 
 __version__ = VERSION

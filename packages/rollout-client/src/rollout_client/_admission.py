@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import types
+import typing
 from collections.abc import AsyncIterator
 from typing import Any, Final
+
+import attrs
 
 from rollout_types import (
     PROTOCOL_VERSION,
@@ -37,8 +41,9 @@ __all__ = [
     "admission_answer",
     "admission_deadline",
     "admit",
+    "encode_request",
     "is_shutting_down",
-    "request_body",
+    "rollout_request",
     "send_admission",
 ]
 
@@ -59,66 +64,65 @@ _ADMISSION_HINTS: Final = {
 }
 
 
-def request_body(
-    *,
-    initial_messages: list[dict[str, Any]],
-    chat_completions_url: str,
-    rollout_id: str,
-    llm_api_key: str | None,
-    label: str | None,
-    metadata: dict[str, Any] | None,
-    grade: bool,
-    agent_timeout_sec: float | None,
-    grader_timeout_sec: float | None,
-    extra_fields: dict[str, Any] | None,
-) -> bytes:
-    """The admission body as JSON bytes, validated as the server would (spec section 3.2).
+def _json_types() -> dict[str, tuple[type, bool]]:
+    """Each non-float field of :class:`RolloutInitRequest`: its runtime type and whether
+    None is allowed, read from the model's annotations."""
+    checked: dict[str, tuple[type, bool]] = {}
+    hints = typing.get_type_hints(RolloutInitRequest)
+    for field in attrs.fields(RolloutInitRequest):
+        options = typing.get_args(hints[field.name]) if _is_union(hints[field.name]) else ()
+        kinds = [kind for kind in options or (hints[field.name],) if kind is not type(None)]
+        (kind,) = kinds
+        runtime = typing.get_origin(kind) or kind
+        if runtime is not float:
+            checked[field.name] = (runtime, type(None) in options)
+    return checked
+
+
+def _is_union(hint: object) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+_FIELD_TYPES: Final = _json_types()
+"""Type checks of the request fields (the timeouts are checked as durations)."""
+
+_DURATIONS: Final = ("agent_timeout_sec", "grader_timeout_sec")
+
+
+def rollout_request(**fields: Any) -> RolloutInitRequest:
+    """The admission request built from the fields of :class:`RolloutInitRequest`, checked
+    as the server would check it (spec section 3.2) before any I/O.
 
     Raises:
-        TypeError: An argument has the wrong type.
-        ValueError: A timeout is not finite, the wire model rejects a value, or a value is
-            not finite JSON.
+        TypeError: A field has the wrong type.
+        ValueError: A timeout is not finite, or the wire model rejects a value.
     """
-    checks: tuple[tuple[str, object, type | tuple[type, ...], bool], ...] = (
-        ("rollout_id", rollout_id, str, False),
-        ("chat_completions_url", chat_completions_url, str, False),
-        ("initial_messages", initial_messages, list, False),
-        ("llm_api_key", llm_api_key, str, True),
-        ("label", label, str, True),
-        ("metadata", metadata, dict, True),
-        ("grade", grade, bool, False),
-        ("extra_fields", extra_fields, dict, True),
-    )
-    for name, value, expected, optional in checks:
+    for name, (expected, optional) in _FIELD_TYPES.items():
+        value = fields.get(name)
         if (value is None and optional) or isinstance(value, expected):
             continue
-        wanted = expected.__name__ if isinstance(expected, type) else expected
         raise TypeError(
-            f"{name} must be {'None or ' if optional else ''}a {wanted}; got {type(value).__name__}"
+            f"{name} must be {'None or ' if optional else ''}a {expected.__name__}; "
+            f"got {type(value).__name__}"
         )
-    for name, seconds in (
-        ("agent_timeout_sec", agent_timeout_sec),
-        ("grader_timeout_sec", grader_timeout_sec),
-    ):
+    for name in _DURATIONS:
+        seconds = fields.get(name)
         if seconds is not None:
             check_seconds(name, seconds, allow_negative=True)
-    request = RolloutInitRequest(
-        initial_messages=initial_messages,
-        rollout_id=rollout_id,
-        chat_completions_url=chat_completions_url,
-        label=label,
-        metadata=metadata,
-        llm_api_key=llm_api_key,
-        grade=grade,
-        agent_timeout_sec=agent_timeout_sec,
-        grader_timeout_sec=grader_timeout_sec,
-        extra_fields=extra_fields,
-    )
+    return RolloutInitRequest(**fields)
+
+
+def encode_request(request: RolloutInitRequest) -> bytes:
+    """The admission body as JSON bytes.
+
+    Raises:
+        ValueError: A value is not finite JSON.
+    """
     try:
         return dumps(request).encode()
     except (ValueError, TypeError) as exc:
         raise ValueError(
-            f"the request for rollout {rollout_id!r} is not valid JSON: {exc}; "
+            f"the request for rollout {request.rollout_id!r} is not valid JSON: {exc}; "
             "messages, metadata and extra_fields must hold finite JSON values only"
         ) from exc
 

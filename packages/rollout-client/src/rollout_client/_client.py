@@ -2,39 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 
 from rollout_types import (
-    CancelRolloutsRequest,
     CancelRolloutsResponse,
-    RolloutInitResponse,
-    RolloutResultResponse,
-    WireValidationError,
+    RolloutInitRequest,
     check_api_key,
     check_seconds,
-    dumps,
-    loads,
-    structure_wire,
 )
 
-from ._admission import admit, request_body, send_admission
-from ._errors import RolloutProtocolError, RolloutProtocolVersionError
+from ._api import RolloutApi
+from ._channel import ServerChannel, checked_session
 from ._handle import RolloutHandle
-from ._health import check_identity, health_payload, lifecycle_of
-from ._polling import Lease, poll_until_terminal
-from ._retry import WAIT_IDLE_RETRY_STATUSES, RetrySettings
-from ._settings import ClientSettings, settings_with
-from ._transport import HttpResponse, Transport
+from ._retry import RetrySettings
+from ._settings import settings_with
 
 __all__ = ["RolloutClient"]
 
 
-class RolloutClient:
+class RolloutClient(RolloutApi):
     """Submit rollouts to a rollout server and long-poll their results.
 
     Works with ``rollout-server`` and with osmosis-ai 0.3.3-0.3.8 servers (the pull
@@ -91,45 +79,30 @@ class RolloutClient:
         api_key: str | None = None,
         retry: RetrySettings | None = None,
     ) -> None:
-        session: object = http_client
-        if session is not None and not isinstance(session, aiohttp.ClientSession):
-            raise TypeError(
-                f"http_client must be an aiohttp.ClientSession or None; got "
-                f"{type(session).__name__}"
-            )
-        given: object = retry
-        if given is not None and not isinstance(given, RetrySettings):
-            raise TypeError(
-                f"retry must be a rollout_client.RetrySettings or None; got {type(given).__name__}"
-            )
+        session = checked_session(http_client)
         self._admission_timeout_sec = (
             None
             if admission_timeout_sec is None
             else check_seconds("admission_timeout_sec", admission_timeout_sec, allow_negative=True)
         )
-        self._transport = Transport(url=url, api_key=check_api_key(api_key), session=http_client)
-        self._settings: ClientSettings = settings_with(retry)
-        self._handles: set[RolloutHandle] = set()
+        self._channel = ServerChannel(
+            url=url,
+            api_key=check_api_key(api_key),
+            session=session,
+            settings=settings_with(retry),
+        )
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<RolloutClient url={str(self._transport.base_url)!r}>"
+        return f"<RolloutClient url={str(self._channel.transport.base_url)!r}>"
 
     @property
     def url(self) -> str:
         """The server's base URL, trailing ``/`` removed."""
-        return str(self._transport.base_url).rstrip("/")
+        return self._channel.url
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+    def _channels(self) -> tuple[ServerChannel, ...]:
+        return (self._channel,)
 
     async def aclose(self) -> None:
         """Stop the polling of unfinished handles and close the session if the client owns it.
@@ -138,169 +111,15 @@ class RolloutClient:
         :class:`asyncio.CancelledError`. Calling it twice is harmless.
         """
         self._closed = True
-        pending = [handle for handle in self._handles if not handle.done()]
-        for handle in pending:
-            handle.cancel()
-        if pending:
-            # Each handle keeps its own outcome; this only waits for the tasks to stop.
-            await asyncio.wait([handle._task for handle in pending])
-        await self._transport.aclose()
+        await self._channel.aclose()
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this RolloutClient is closed; create a new one")
 
-    async def run_rollout(  # noqa: PLR0917 - the documented osmosis-ai signature
-        self,
-        initial_messages: list[dict[str, Any]],
-        chat_completions_url: str,
-        rollout_id: str,
-        llm_api_key: str | None = None,
-        label: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        grade: bool = True,
-        agent_timeout_sec: float | None = None,
-        grader_timeout_sec: float | None = None,
-        extra_fields: dict[str, Any] | None = None,
-    ) -> RolloutResultResponse:
-        """Admit a rollout and wait until it terminates.
-
-        Arguments, errors and admission behave as in :meth:`run_rollout_async`. If the
-        calling task is cancelled, polling stops too (the server then expires the lease).
-
-        Returns:
-            The terminal result: check ``status``, ``sample``, ``err_message`` and
-            ``err_category`` to tell success from execution failure.
-
-        Raises:
-            RolloutProtocolError: A poll got a status or body the protocol forbids
-                (502/503/504 only after their retries).
-            aiohttp.ClientError: A poll failed on a transport error it does not retry, or
-                after its retries.
-        """
-        handle = await self.run_rollout_async(
-            initial_messages,
-            chat_completions_url,
-            rollout_id,
-            llm_api_key=llm_api_key,
-            label=label,
-            metadata=metadata,
-            grade=grade,
-            agent_timeout_sec=agent_timeout_sec,
-            grader_timeout_sec=grader_timeout_sec,
-            extra_fields=extra_fields,
-        )
-        try:
-            return await handle
-        except asyncio.CancelledError:
-            handle.cancel()
-            raise
-
-    async def run_rollout_async(  # noqa: PLR0917 - the documented osmosis-ai signature
-        self,
-        initial_messages: list[dict[str, Any]],
-        chat_completions_url: str,
-        rollout_id: str,
-        llm_api_key: str | None = None,
-        label: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        grade: bool = True,
-        agent_timeout_sec: float | None = None,
-        grader_timeout_sec: float | None = None,
-        extra_fields: dict[str, Any] | None = None,
-    ) -> RolloutHandle:
-        """Admit a rollout and return a handle that polls its result in the background.
-
-        Admission retries HTTP 429 after the answer's ``Retry-After`` (by default missing
-        or invalid: 1 s; clamped to [0.05, 60] s; see :class:`~rollout_client.RetrySettings`)
-        and accepts only a 202 whose body is valid and echoes ``rollout_id``. Nothing else
-        is retried: a caller that retries after a transport error must expect 409 if the
-        first attempt was in fact admitted.
-
-        Args:
-            initial_messages: The prompt: a list of JSON objects (chat messages).
-            chat_completions_url: Base URL of the OpenAI-compatible endpoint the agent calls.
-            rollout_id: A fresh id per attempt: one path segment (not empty, ``.`` or
-                ``..``, without ``/``, ``\\`` or NUL); percent-encoded in URLs.
-            llm_api_key: Key for the chat endpoint (not for the rollout server); not ``""``;
-                default None.
-            label: Ground truth for the grader; default None.
-            metadata: JSON object passed to workflow and grader; default None.
-            grade: Whether to grade; default True.
-            agent_timeout_sec: Workflow budget, seconds; finite; default None (unbounded).
-            grader_timeout_sec: Grader budget, seconds; finite; default None (unbounded).
-            extra_fields: JSON object persisted with the trajectory; default None.
-
-        Returns:
-            The handle; await it for the terminal result.
-
-        Raises:
-            ValueError: The request is invalid (checked before any I/O).
-            TypeError: ``rollout_id`` is not a string or ``grade`` not a bool.
-            RolloutProtocolVersionError: The server speaks an incompatible protocol
-                version (also an osmosis-ai <= 0.3.2 server, answering 422).
-            RolloutProtocolError: Any status but 202 and 429 (409 for a duplicate id, 503
-                while the server shuts down, ...), or an invalid 202 body.
-            RolloutAdmissionTimeoutError: ``admission_timeout_sec`` expired.
-            aiohttp.ClientError: The POST failed on a transport error (not retried).
-        """
+    async def _submit(self, request: RolloutInitRequest) -> RolloutHandle:
         self._check_open()
-        body = request_body(
-            initial_messages=initial_messages,
-            chat_completions_url=chat_completions_url,
-            rollout_id=rollout_id,
-            llm_api_key=llm_api_key,
-            label=label,
-            metadata=metadata,
-            grade=grade,
-            agent_timeout_sec=agent_timeout_sec,
-            grader_timeout_sec=grader_timeout_sec,
-            extra_fields=extra_fields,
-        )
-        admitted, sent_at = await admit(
-            self._transport,
-            self._settings,
-            rollout_id=rollout_id,
-            body=body,
-            timeout_sec=self._admission_timeout_sec,
-        )
-        return self._start_polling(admitted, sent_at)
-
-    # -- seams of RolloutClientPool, which routes each admission itself -----------------
-
-    async def _send_admission(self, body: bytes) -> tuple[HttpResponse, float]:
-        """One ``POST /rollout`` to this client's server (no 429 retry, no deadline)."""
-        return await send_admission(self._transport, self._settings, body)
-
-    def _start_polling(self, admitted: RolloutInitResponse, sent_at: float) -> RolloutHandle:
-        """The handle of an admitted rollout, polling this client's server in the background.
-
-        ``sent_at`` is the send time (``settings.clock``) of the admission that answered.
-        """
-        rollout_id = admitted.rollout_id
-        lease = Lease(
-            token=admitted.polling_lease_token,
-            result_wait_timeout_sec=admitted.result_wait_timeout_sec,
-            polling_lease_timeout_sec=admitted.polling_lease_timeout_sec,
-        )
-        transport, settings = self._transport, self._settings
-
-        def poll(
-            on_result: Callable[[RolloutResultResponse], None],
-        ) -> Coroutine[Any, Any, RolloutResultResponse]:
-            return poll_until_terminal(
-                transport=transport,
-                settings=settings,
-                rollout_id=rollout_id,
-                lease=lease,
-                lease_deadline=sent_at + lease.polling_lease_timeout_sec,
-                on_result=on_result,
-            )
-
-        handle = RolloutHandle(rollout_id=rollout_id, status=admitted.status, poll=poll)
-        self._handles.add(handle)
-        handle._on_done(self._handles.discard)
-        return handle
+        return await self._channel.admit(request, timeout_sec=self._admission_timeout_sec)
 
     async def cancel_rollout(self, rollout_id: str) -> CancelRolloutsResponse:
         """Ask the server to cancel a rollout; bounded to 5 s wall clock, pool wait included.
@@ -320,35 +139,7 @@ class RolloutClient:
             aiohttp.ClientError: The request failed on a transport error.
         """
         self._check_open()
-        given: object = rollout_id
-        if not isinstance(given, str):
-            raise TypeError(f"rollout_id must be a string; got {type(given).__name__}")
-        body = dumps(CancelRolloutsRequest(ids=[rollout_id])).encode()
-        bound = self._settings.cancel_timeout_sec
-        timeout = aiohttp.ClientTimeout(
-            total=bound, sock_connect=min(bound, self._settings.connect_timeout_sec)
-        )
-        try:
-            async with asyncio.timeout(bound):
-                response = await self._transport.send(
-                    "POST", self._transport.url("rollout", "cancel"), body=body, timeout=timeout
-                )
-        except TimeoutError as exc:
-            raise TimeoutError(
-                f"cancelling rollout {rollout_id!r} did not finish within {bound} seconds "
-                "(connection wait included); the server may or may not have received it"
-            ) from exc
-        if response.status != 200:
-            raise RolloutProtocolError(
-                f"POST /rollout/cancel returned {response.status}{response.detail_suffix()}",
-                status_code=response.status,
-            )
-        try:
-            return structure_wire(loads(response.body), CancelRolloutsResponse)
-        except WireValidationError as exc:
-            raise RolloutProtocolError(
-                f"POST /rollout/cancel returned an invalid response: {exc}", status_code=200
-            ) from exc
+        return await self._channel.cancel_rollout(rollout_id)
 
     async def health(self) -> dict[str, Any]:
         """Fetch ``GET /health``: backend fields plus ``instance_id``, ``process_id`` and
@@ -366,19 +157,7 @@ class RolloutClient:
             aiohttp.ClientError: The request failed on a transport error.
         """
         self._check_open()
-        bound = self._settings.health_timeout_sec
-        try:
-            async with asyncio.timeout(bound):
-                response = await self._transport.send(
-                    "GET",
-                    self._transport.url("health"),
-                    timeout=self._settings.timeout(read_sec=bound, pool_sec=bound),
-                )
-        except TimeoutError as exc:
-            if isinstance(exc, aiohttp.ClientError):
-                raise
-            raise TimeoutError(f"GET /health did not answer within {bound} seconds") from exc
-        return health_payload(response)
+        return await self._channel.health()
 
     async def wait_idle(
         self,
@@ -411,41 +190,4 @@ class RolloutClient:
                 404, invalid JSON, ...).
         """
         self._check_open()
-        timeout = check_seconds("timeout_sec", timeout_sec)
-        interval = check_seconds("poll_interval_sec", poll_interval_sec)
-        pinned: object = process_id
-        if pinned is not None and (not isinstance(pinned, str) or not pinned):
-            raise ValueError(
-                f"process_id must be a non-empty string from health(), or None; got {pinned!r}"
-            )
-        last = "no answer yet"
-        scope = asyncio.timeout(timeout)
-        try:
-            async with scope:
-                while True:
-                    try:
-                        health = await self.health()
-                    except RolloutProtocolVersionError:
-                        raise
-                    except RolloutProtocolError as exc:
-                        if exc.status_code == 200 or exc.status_code not in (
-                            WAIT_IDLE_RETRY_STATUSES
-                        ):
-                            raise
-                        last = f"HTTP {exc.status_code}"
-                    except (aiohttp.ClientError, OSError) as exc:
-                        last = f"{type(exc).__name__}: {exc}"
-                    else:
-                        pinned = check_identity(health, pinned)
-                        lifecycle = lifecycle_of(health)
-                        if lifecycle.active_rollouts == 0:
-                            return health
-                        last = f"active_rollouts={lifecycle.active_rollouts}"
-                    await self._settings.sleep(interval)
-        except TimeoutError as exc:
-            if not scope.expired():
-                raise
-            raise TimeoutError(
-                f"the rollout server at {self.url} did not become idle within {timeout} "
-                f"seconds (last observation: {last})"
-            ) from exc
+        return await self._channel.wait_idle(timeout_sec, poll_interval_sec, process_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Generator
 from typing import Any, Final
 
 from rollout_types import RolloutResultResponse, RolloutStatus, is_terminal
@@ -19,8 +19,9 @@ _RANK: Final[dict[str, int]] = {
 """Milestone order; ``unknown`` and statuses from newer servers have no rank."""
 
 PollFactory = Callable[
-    [Callable[[RolloutResultResponse], None]], Coroutine[Any, Any, RolloutResultResponse]
+    [Callable[[RolloutResultResponse], None]], asyncio.Task[RolloutResultResponse]
 ]
+"""Starts the polling task, given the callback that records each result it reads."""
 
 
 def _reached(status: RolloutStatus | str, milestone: RolloutStatus) -> bool:
@@ -46,10 +47,7 @@ class RolloutHandle:
         self._status: RolloutStatus | str = status
         self._latest: RolloutResultResponse | None = None
         self._waiters: list[asyncio.Future[None]] = []
-        loop = asyncio.get_running_loop()
-        self._task: asyncio.Task[RolloutResultResponse] = loop.create_task(
-            poll(self._update), name=f"rollout-poll:{rollout_id}"
-        )
+        self._task = poll(self._update)
         self._task.add_done_callback(self._finished)
 
     def __repr__(self) -> str:
@@ -63,7 +61,7 @@ class RolloutHandle:
 
     @property
     def status(self) -> RolloutStatus | str:
-        """The latest observed status: the admission's (``queued``) until the first poll.
+        """The latest observed status; the admission's (``queued``) until the first poll.
 
         A status this client does not know (from a newer server) is kept as the raw string.
         """
@@ -141,10 +139,6 @@ class RolloutHandle:
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-
-    def _on_done(self, callback: Callable[[RolloutHandle], None]) -> None:
-        """Call ``callback(self)`` once polling has finished."""
-        self._task.add_done_callback(lambda _task: callback(self))
 
     def _update(self, result: RolloutResultResponse) -> None:
         self._latest = result

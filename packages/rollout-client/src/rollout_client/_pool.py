@@ -1,9 +1,9 @@
 """``RolloutClientPool``: one client over several rollout servers.
 
-One :class:`RolloutClient` per server does the protocol work (admission, result polls,
-cancel, health); the pool chooses the server of each admission and keeps a view of every
-server: the rollouts it has outstanding there, whether it is in rotation, until when a 429
-keeps it busy, and its last ``process_id``.
+One :class:`ServerChannel` per server does the protocol work (admission, result polls,
+cancel, health), as for :class:`RolloutClient`; the pool chooses the server of each
+admission and keeps a view of every server: the rollouts it has outstanding there, whether
+it is in rotation, until when a 429 keeps it busy, and its last ``process_id``.
 
 Routing of one admission (all of it within ``admission_timeout_sec``):
 
@@ -26,29 +26,31 @@ on a transport failure or a gateway status also take their server out. Every hea
 (probes, :meth:`RolloutClientPool.health`, :meth:`RolloutClientPool.wait_idle`) records the
 server's ``process_id``; a new one means the server restarted, which is logged and counted.
 
-The module is over 500 lines on purpose: routing, rotation and probes all read and change
-the same per-server state (:class:`_Server`) and wake the same waiters, so split apart each
-part would reach into the other's private state; about a quarter of it is docstrings.
+Each server is a :class:`ServerChannel` (the protocol work, shared with
+:class:`RolloutClient`); the pool's view of it and the probes live in ``_rotation.py``;
+this module holds the routing and the public calls.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
 from collections.abc import Callable, Iterable, Mapping
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final
 
 import aiohttp
-import attrs
 
-from rollout_types import CancelRolloutsResponse, RolloutResultResponse, check_seconds
+from rollout_types import (
+    CancelRolloutsResponse,
+    RolloutInitRequest,
+    RolloutResultResponse,
+    check_api_key,
+    check_seconds,
+)
 
-from ._admission import admission_answer, admission_deadline, is_shutting_down, request_body
-from ._client import RolloutClient
+from ._admission import admission_answer, admission_deadline, is_shutting_down
+from ._api import RolloutApi
+from ._channel import ServerChannel, checked_session
 from ._errors import (
-    RolloutClientError,
     RolloutNotFoundError,
     RolloutProtocolError,
     RolloutProtocolVersionError,
@@ -56,21 +58,16 @@ from ._errors import (
 )
 from ._handle import RolloutHandle
 from ._retry import RetrySettings, parse_retry_after
-from ._settings import ClientSettings, settings_with
+from ._rotation import PROBE_INTERVAL_SEC, PoolServer, PoolServerStatus, Rotation, failure
+from ._settings import settings_with
 from ._transport import classify
 
 __all__ = [
     "ENDED_ROUTES_KEPT",
     "PROBE_INTERVAL_SEC",
     "UNAVAILABLE_STATUSES",
-    "PoolServerStatus",
     "RolloutClientPool",
 ]
-
-logger: Final = logging.getLogger("rollout_client")
-
-PROBE_INTERVAL_SEC: Final = 5.0
-"""Default pause between two health probes of a server out of rotation, seconds."""
 
 ENDED_ROUTES_KEPT: Final = 10_000
 """Ended rollouts whose server the pool still remembers for :meth:`cancel_rollout`."""
@@ -81,72 +78,7 @@ by the rollout server (503 is its "shutting down"; 502 and 504 come from a gatew
 front of it), and a result poll ends so only after its gateway retries."""
 
 
-@attrs.frozen(kw_only=True)
-class PoolServerStatus:
-    """One server of a :class:`RolloutClientPool`, as the pool sees it.
-
-    Attributes:
-        url: The server's base URL.
-        available: Whether it is in rotation (new rollouts may go to it).
-        outstanding: Rollouts this pool admitted there (or is admitting) whose handle
-            still polls.
-        process_id: The server's last ``process_id`` seen in a ``/health`` answer, or None.
-        restarts: How often that ``process_id`` changed while the pool watched.
-        reason: Why it is out of rotation (None while available).
-        health: The ``/health`` payload, when the status comes from
-            :meth:`RolloutClientPool.health` and the server answered; else None.
-
-    .. versionadded:: 0.2
-    """
-
-    url: str
-    available: bool
-    outstanding: int
-    process_id: str | None
-    restarts: int
-    reason: str | None
-    health: dict[str, Any] | None = None
-
-
-class _Server:
-    """The pool's mutable view of one server."""
-
-    def __init__(self, *, index: int, client: RolloutClient) -> None:
-        self.index = index
-        self.client = client
-        self.url = client.url
-        self.outstanding = 0
-        self.available = True
-        self.reason: str | None = None
-        self.shutting_down = False
-        """Out of rotation because it is shutting down (its last reason says so)."""
-        self.busy_until = -math.inf
-        """``settings.clock`` time before which a 429 keeps it out of routing."""
-        self.process_id: str | None = None
-        self.restarts = 0
-        self.changes = 0
-        """Rotation changes so far: a probe's verdict counts only if none happened meanwhile."""
-        self.probe: asyncio.Task[dict[str, Any] | None] | None = None
-        self.probe_changes = 0
-        self.watcher: asyncio.Task[None] | None = None
-
-    def status(self, health: dict[str, Any] | None = None) -> PoolServerStatus:
-        return PoolServerStatus(
-            url=self.url,
-            available=self.available,
-            outstanding=self.outstanding,
-            process_id=self.process_id,
-            restarts=self.restarts,
-            reason=self.reason,
-            health=health,
-        )
-
-
-def _failure(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-class RolloutClientPool:
+class RolloutClientPool(RolloutApi):
     """Spread rollouts over several rollout servers and survive one going away.
 
     It has the methods of :class:`RolloutClient`. Each admission goes to the server in
@@ -203,32 +135,34 @@ class RolloutClientPool:
                 f"urls must be a list of server URLs, not a single string; got {given!r} "
                 "(pass urls=[...])"
             )
-        clients = [
-            RolloutClient(url=url, http_client=http_client, api_key=api_key, retry=retry)
-            for url in urls
+        session = checked_session(http_client)
+        settings = settings_with(retry)
+        key = check_api_key(api_key)
+        channels = [
+            ServerChannel(url=url, api_key=key, session=session, settings=settings) for url in urls
         ]
-        if not clients:
+        if not channels:
             raise ValueError("urls must hold at least one rollout server URL")
         seen: set[str] = set()
-        for client in clients:
-            if client.url in seen:
-                raise ValueError(f"urls lists {client.url!r} twice; list each server once")
-            seen.add(client.url)
+        for channel in channels:
+            if channel.url in seen:
+                raise ValueError(f"urls lists {channel.url!r} twice; list each server once")
+            seen.add(channel.url)
         self._admission_timeout_sec = (
             None
             if admission_timeout_sec is None
             else check_seconds("admission_timeout_sec", admission_timeout_sec, allow_negative=True)
         )
-        self._probe_interval_sec = check_seconds("probe_interval_sec", probe_interval_sec)
-        self._servers = tuple(_Server(index=i, client=c) for i, c in enumerate(clients))
-        self._settings: ClientSettings = settings_with(retry)
-        """The retry schedules, the 429 waits' sleep and the clock (as each client's)."""
+        self._servers = tuple(PoolServer(index=i, channel=c) for i, c in enumerate(channels))
+        self._rotation = Rotation(
+            servers=self._servers,
+            probe_interval_sec=check_seconds("probe_interval_sec", probe_interval_sec),
+        )
         self._next = 0
-        self._live: dict[str, _Server] = {}
-        self._ended: dict[str, _Server] = {}
+        self._live: dict[str, PoolServer] = {}
+        self._ended: dict[str, PoolServer] = {}
         self._started = False
         self._closed = False
-        self._waiters: list[asyncio.Future[None]] = []
 
     def __repr__(self) -> str:
         return f"<RolloutClientPool urls={list(self.urls)!r}>"
@@ -245,34 +179,18 @@ class RolloutClientPool:
         """
         return tuple(server.status() for server in self._servers)
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         """Stop probes and the polling of unfinished handles; close the sessions it owns.
 
         A caller-owned ``http_client`` stays open. Calling it twice is harmless.
         """
         self._closed = True
-        tasks = [
-            task
-            for server in self._servers
-            for task in (server.probe, server.watcher)
-            if task is not None
-        ]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._rotation.aclose()
         for server in self._servers:
-            await server.client.aclose()
+            await server.channel.aclose()
+
+    def _channels(self) -> tuple[ServerChannel, ...]:
+        return tuple(server.channel for server in self._servers)
 
     def _ready(self) -> None:
         """Raise when closed; on first use, start a probe of every server."""
@@ -282,99 +200,22 @@ class RolloutClientPool:
             # Learn every server's process_id (and who is down) without delaying the caller.
             self._started = True
             for server in self._servers:
-                self._probe_soon(server)
+                self._rotation.probe_soon(server)
 
-    async def run_rollout(  # noqa: PLR0917 - the documented osmosis-ai signature
-        self,
-        initial_messages: list[dict[str, Any]],
-        chat_completions_url: str,
-        rollout_id: str,
-        llm_api_key: str | None = None,
-        label: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        grade: bool = True,
-        agent_timeout_sec: float | None = None,
-        grader_timeout_sec: float | None = None,
-        extra_fields: dict[str, Any] | None = None,
-    ) -> RolloutResultResponse:
-        """Admit a rollout on one of the servers and wait until it terminates.
-
-        Arguments, errors and routing are those of :meth:`run_rollout_async`; the result
-        and the polling errors those of :meth:`RolloutClient.run_rollout`.
-        """
-        handle = await self.run_rollout_async(
-            initial_messages,
-            chat_completions_url,
-            rollout_id,
-            llm_api_key=llm_api_key,
-            label=label,
-            metadata=metadata,
-            grade=grade,
-            agent_timeout_sec=agent_timeout_sec,
-            grader_timeout_sec=grader_timeout_sec,
-            extra_fields=extra_fields,
-        )
-        try:
-            return await handle
-        except asyncio.CancelledError:
-            handle.cancel()
-            raise
-
-    async def run_rollout_async(  # noqa: PLR0917 - the documented osmosis-ai signature
-        self,
-        initial_messages: list[dict[str, Any]],
-        chat_completions_url: str,
-        rollout_id: str,
-        llm_api_key: str | None = None,
-        label: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        grade: bool = True,
-        agent_timeout_sec: float | None = None,
-        grader_timeout_sec: float | None = None,
-        extra_fields: dict[str, Any] | None = None,
-    ) -> RolloutHandle:
-        """Admit a rollout on one of the servers; the handle polls that server.
-
-        The arguments are those of :meth:`RolloutClient.run_rollout_async`; the routing is
-        described in the class docstring.
-
-        Returns:
-            The handle, bound to the server that admitted the rollout.
-
-        Raises:
-            ValueError: The request is invalid, or ``rollout_id`` is in flight through this
-                pool already (checked before any I/O).
-            TypeError: ``rollout_id`` is not a string or ``grade`` not a bool.
-            RolloutServersUnavailableError: No server can take the rollout (its
-                ``reasons`` say why, per server).
-            RolloutAdmissionTimeoutError: ``admission_timeout_sec`` expired.
-            RolloutProtocolVersionError: A server speaks an incompatible protocol version.
-            RolloutProtocolError: A server answered a status other than 202, 429, 502, 503
-                and 504 (409 for a duplicate id, 401, 422, ...), or an invalid 202 body.
-        """
+    async def _submit(self, request: RolloutInitRequest) -> RolloutHandle:
         self._ready()
-        body = request_body(
-            initial_messages=initial_messages,
-            chat_completions_url=chat_completions_url,
-            rollout_id=rollout_id,
-            llm_api_key=llm_api_key,
-            label=label,
-            metadata=metadata,
-            grade=grade,
-            agent_timeout_sec=agent_timeout_sec,
-            grader_timeout_sec=grader_timeout_sec,
-            extra_fields=extra_fields,
-        )
+        rollout_id = request.rollout_id
         running = self._live.get(rollout_id)
         if running is not None:
             raise ValueError(
                 f"rollout {rollout_id!r} is in flight through this pool already (admitted by "
                 f"{running.url}); use a fresh rollout_id per attempt"
             )
-        return await self._admit(rollout_id, body)
+        return await self._admit(request)
 
-    async def _admit(self, rollout_id: str, body: bytes) -> RolloutHandle:
+    async def _admit(self, request: RolloutInitRequest) -> RolloutHandle:
         """Try servers until one admits the rollout, within the admission deadline."""
+        rollout_id = request.rollout_id
         failed: dict[str, str] = {}
         async with admission_deadline(rollout_id, self._admission_timeout_sec) as attempt:
             while True:
@@ -383,13 +224,13 @@ class RolloutClientPool:
                     await self._when_none_free(rollout_id, failed)
                     continue
                 attempt.in_flight = True
-                handle = await self._try(server, rollout_id, body, failed)
+                handle = await self._try(server, request, failed)
                 attempt.in_flight = False
                 if handle is not None:
                     return handle
 
     async def _try(
-        self, server: _Server, rollout_id: str, body: bytes, failed: dict[str, str]
+        self, server: PoolServer, request: RolloutInitRequest, failed: dict[str, str]
     ) -> RolloutHandle | None:
         """One ``POST /rollout`` to ``server``: the handle, or None when another server (or
         a later attempt) must take the rollout; a server that failed goes into ``failed``."""
@@ -397,16 +238,17 @@ class RolloutClientPool:
         handle: RolloutHandle | None = None
         try:
             try:
-                response, sent_at = await server.client._send_admission(body)
+                response, sent_at = await server.channel.send_admission(request)
             except (aiohttp.ClientError, OSError) as exc:
                 if classify(exc) is None:
                     raise
-                failed[server.url] = f"POST /rollout failed: {_failure(exc)}"
-                self._take_out(server, failed[server.url])
+                failed[server.url] = f"POST /rollout failed: {failure(exc)}"
+                self._rotation.take_out(server, failed[server.url])
                 return None
             if response.status == 429:
-                server.busy_until = self._settings.clock() + parse_retry_after(
-                    response.headers, self._settings.retry
+                settings = server.channel.settings
+                server.busy_until = settings.clock() + parse_retry_after(
+                    response.headers, settings.retry
                 )
                 return None
             if response.status in UNAVAILABLE_STATUSES:
@@ -414,21 +256,23 @@ class RolloutClientPool:
                 failed[server.url] = f"POST /rollout answered {response.status}" + (
                     " (shutting down)" if shutting_down else " (gateway)"
                 )
-                self._take_out(server, failed[server.url], shutting_down=shutting_down)
+                self._rotation.take_out(server, failed[server.url], shutting_down=shutting_down)
                 return None
-            admitted = admission_answer(rollout_id, response)
-            handle = server.client._start_polling(admitted, sent_at)
+            admitted = admission_answer(request.rollout_id, response)
+            handle = server.channel.start_polling(
+                admitted, sent_at, on_done=self._finished(server, admitted.rollout_id)
+            )
         finally:
             if handle is None:
                 server.outstanding -= 1
-        self._track(server, handle)
+        self._track(server, handle.rollout_id)
         return handle
 
-    def _pick(self, failed: Mapping[str, str]) -> _Server | None:
+    def _pick(self, failed: Mapping[str, str]) -> PoolServer | None:
         """The free server in rotation with the fewest outstanding rollouts (round-robin ties)."""
-        now = self._settings.clock()
+        now = self._rotation.settings.clock()
         count = len(self._servers)
-        best: _Server | None = None
+        best: PoolServer | None = None
         best_key = (0, 0)
         for server in self._servers:
             if not server.available or server.url in failed or server.busy_until > now:
@@ -448,10 +292,11 @@ class RolloutClientPool:
             if server.available and server.url not in failed
         ]
         if busy:
-            await self._settings.sleep(max(min(busy) - self._settings.clock(), 0.0))
+            settings = self._rotation.settings
+            await settings.sleep(max(min(busy) - settings.clock(), 0.0))
             return
         out = [s for s in self._servers if not s.available and s.url not in failed]
-        await self._probe_all(out)
+        await self._rotation.probe_all(out)
         if any(server.available for server in out):
             return
         reasons = {s.url: failed.get(s.url) or s.reason or "out of rotation" for s in self._servers}
@@ -463,39 +308,43 @@ class RolloutClientPool:
             shutting_down=frozenset(s.url for s in self._servers if s.shutting_down),
         )
 
-    def _track(self, server: _Server, handle: RolloutHandle) -> None:
-        rollout_id = handle.rollout_id
+    def _track(self, server: PoolServer, rollout_id: str) -> None:
         self._ended.pop(rollout_id, None)
         self._live[rollout_id] = server
-        self._notify()
+        self._rotation.notify()
 
-        def finished(handle: RolloutHandle) -> None:
+    def _finished(
+        self, server: PoolServer, rollout_id: str
+    ) -> Callable[[asyncio.Task[RolloutResultResponse]], None]:
+        """What to do once the polling of ``rollout_id`` on ``server`` has finished."""
+
+        def finished(task: asyncio.Task[RolloutResultResponse]) -> None:
             server.outstanding -= 1
             if self._live.get(rollout_id) is server:
                 del self._live[rollout_id]
                 self._ended[rollout_id] = server
                 if len(self._ended) > ENDED_ROUTES_KEPT:
                     del self._ended[next(iter(self._ended))]
-            self._notify()
-            task = handle._task
+            self._rotation.notify()
             exc = None if task.cancelled() else task.exception()
             if exc is None or self._closed:
                 return
             if classify(exc) is not None or (
                 isinstance(exc, RolloutProtocolError) and exc.status_code in UNAVAILABLE_STATUSES
             ):
-                self._take_out(server, f"result poll of {rollout_id} failed: {_failure(exc)}")
+                reason = f"result poll of {rollout_id} failed: {failure(exc)}"
+                self._rotation.take_out(server, reason)
             elif isinstance(exc, RolloutProtocolError) and exc.status_code == 404:
-                self._probe_soon(server)  # it forgot an admitted rollout: did it restart?
+                self._rotation.probe_soon(server)  # it forgot an admitted rollout: restarted?
 
-        handle._on_done(finished)
+        return finished
 
     async def cancel_rollout(self, rollout_id: str) -> CancelRolloutsResponse:
         """Ask the server that admitted a rollout to cancel it (as
         :meth:`RolloutClient.cancel_rollout`: bounded to 5 s, never retried).
 
         The pool knows the server of every rollout it has in flight and of the last
-        10,000 (:data:`ENDED_ROUTES_KEPT`) that ended.
+        10,000 (``ENDED_ROUTES_KEPT``) that ended.
 
         Raises:
             RolloutNotFoundError: This pool did not admit ``rollout_id`` (or forgot it).
@@ -514,7 +363,7 @@ class RolloutClientPool:
                 f"than {ENDED_ROUTES_KEPT} rollouts ago), so its server is unknown; cancel it "
                 "with a RolloutClient on the server that admitted it"
             )
-        return await server.client.cancel_rollout(rollout_id)
+        return await server.channel.cancel_rollout(rollout_id)
 
     async def health(self) -> dict[str, PoolServerStatus]:
         """Ask every server's ``GET /health`` now (concurrently, each bounded to 10 s).
@@ -528,7 +377,7 @@ class RolloutClientPool:
             holding the payload of those that answered.
         """
         self._ready()
-        answers = await self._probe_all(self._servers)
+        answers = await self._rotation.probe_all(self._servers)
         return {
             server.url: server.status(answer)
             for server, answer in zip(self._servers, answers, strict=True)
@@ -574,7 +423,7 @@ class RolloutClientPool:
             )
         tasks = {
             server: asyncio.ensure_future(
-                server.client.wait_idle(
+                server.channel.wait_idle(
                     timeout_sec, poll_interval_sec, pins.get(server.url, server.process_id)
                 )
             )
@@ -596,124 +445,14 @@ class RolloutClientPool:
             if task.cancelled():
                 continue  # another server's failure stopped it; that one is raised above
             idle[server.url] = task.result()
-            self._observe(server, idle[server.url])
+            self._rotation.observe(server, idle[server.url])
         return idle
-
-    # -- rotation and probes ------------------------------------------------------------
-
-    def _take_out(self, server: _Server, reason: str, *, shutting_down: bool = False) -> None:
-        server.reason = reason
-        server.shutting_down = shutting_down
-        if server.available:
-            server.available = False
-            server.changes += 1
-            logger.warning("Rollout server %s is out of rotation: %s", server.url, reason)
-            self._notify()
-        if server.watcher is None and not self._closed:
-            server.watcher = asyncio.get_running_loop().create_task(self._watch(server))
-
-    def _bring_back(self, server: _Server) -> None:
-        server.reason = None
-        server.shutting_down = False
-        if not server.available:
-            server.available = True
-            server.changes += 1
-            server.busy_until = -math.inf
-            logger.warning("Rollout server %s is back in rotation", server.url)
-            self._notify()
-
-    def _observe(self, server: _Server, health: Mapping[str, Any]) -> None:
-        """Record the ``process_id`` of a health answer; a new one is a restart."""
-        process_id = health.get("process_id")
-        if not isinstance(process_id, str) or not process_id:
-            return
-        if server.process_id is not None and process_id != server.process_id:
-            server.restarts += 1
-            logger.warning(
-                "Rollout server %s restarted (process_id %s, before %s): rollouts the earlier "
-                "process admitted are lost",
-                server.url,
-                process_id,
-                server.process_id,
-            )
-            self._notify()
-        server.process_id = process_id
-
-    async def _watch(self, server: _Server) -> None:
-        """Probe a server out of rotation every ``probe_interval_sec`` until it is back."""
-        try:
-            while not server.available:
-                await asyncio.sleep(self._probe_interval_sec)
-                if not server.available:
-                    await self._probe(server)
-        finally:
-            server.watcher = None
-
-    def _probe_soon(self, server: _Server) -> None:
-        """Start a probe unless one started since the server's last rotation change runs."""
-        probe = server.probe
-        if probe is None or probe.done() or server.probe_changes != server.changes:
-            server.probe_changes = server.changes
-            server.probe = asyncio.get_running_loop().create_task(
-                self._probe_once(server, server.changes)
-            )
-
-    async def _probe(self, server: _Server) -> dict[str, Any] | None:
-        """One ``GET /health`` of a server, shared by concurrent callers."""
-        self._probe_soon(server)
-        assert server.probe is not None
-        return await asyncio.shield(server.probe)
-
-    async def _probe_all(self, servers: Iterable[_Server]) -> list[dict[str, Any] | None]:
-        return list(await asyncio.gather(*(self._probe(server) for server in servers)))
-
-    async def _probe_once(self, server: _Server, changes: int) -> dict[str, Any] | None:
-        """``GET /health``: bring the server back when healthy, take it out otherwise.
-
-        The verdict is dropped when the server's rotation changed while the probe ran (the
-        change came from later evidence, such as a failed admission).
-        """
-        try:
-            health = await server.client.health()
-        except (RolloutClientError, aiohttp.ClientError, OSError) as exc:
-            if server.changes == changes:
-                self._take_out(server, f"GET /health failed: {_failure(exc)}")
-            return None
-        self._observe(server, health)
-        if server.changes != changes:
-            return health
-        lifecycle = health.get("lifecycle")
-        if isinstance(lifecycle, dict) and lifecycle.get("accepting_rollouts") is False:
-            reason = "shutting down (GET /health: accepting_rollouts is false)"
-            self._take_out(server, reason, shutting_down=True)
-        else:
-            self._bring_back(server)
-        return health
-
-    # -- state changes, for callers inside the package ----------------------------------
-
-    def _override_settings(self, **changes: Any) -> None:
-        """Replace timing fields of the pool's settings and of every server's client (the
-        seam of :func:`rollout_client.testing.override_timing`)."""
-        self._settings = attrs.evolve(self._settings, **changes)
-        for server in self._servers:
-            server.client._settings = attrs.evolve(server.client._settings, **changes)
-
-    def _notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
 
     async def _wait_for(self, predicate: Callable[[], bool]) -> None:
         """Wait until ``predicate()`` holds; it is checked after every change of a server's
         rotation or restarts, every admission and every handle that finishes. Unbounded:
         the caller bounds it."""
-        loop = asyncio.get_running_loop()
-        while not predicate():
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(waiter)
-            await waiter
+        await self._rotation.wait_for(predicate)
 
 
 def _naming(url: str, exc: RolloutProtocolError) -> RolloutProtocolError:

@@ -85,5 +85,14 @@ DEFAULT_SETTINGS: Final = ClientSettings()
 
 
 def settings_with(retry: RetrySettings | None) -> ClientSettings:
-    """The protocol's timings with ``retry``'s schedules (None: the protocol's too)."""
+    """The protocol's timings with ``retry``'s schedules (None: the protocol's too).
+
+    Raises:
+        TypeError: ``retry`` is not a :class:`RetrySettings` or None.
+    """
+    given: object = retry
+    if given is not None and not isinstance(given, RetrySettings):
+        raise TypeError(
+            f"retry must be a rollout_client.RetrySettings or None; got {type(given).__name__}"
+        )
     return DEFAULT_SETTINGS if retry is None else attrs.evolve(DEFAULT_SETTINGS, retry=retry)

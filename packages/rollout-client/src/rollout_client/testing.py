@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import attrs
-
 from rollout_types import check_seconds
 
+from ._api import retime
 from ._client import RolloutClient
 from ._pool import RolloutClientPool
 
@@ -77,7 +76,4 @@ def override_timing(
     ):
         if seconds is not None:
             changes[name] = check_seconds(name, seconds)
-    if isinstance(client, RolloutClientPool):
-        client._override_settings(**changes)
-    else:
-        client._settings = attrs.evolve(client._settings, **changes)
+    retime(client, changes)

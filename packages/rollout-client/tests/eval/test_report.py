@@ -12,14 +12,22 @@ import re
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from rollout_client.eval import EvalInputError, EvalOptions, run_eval, write_report
-from rollout_client.eval import _report_data as report_data
 from rollout_client.eval._cli import main
-from rollout_client.eval._report import find_run_dir, render_report
-from rollout_client.eval._report_charts import equal_bins, share_bar, y_scale
-from rollout_client.eval._report_data import clip_conversation, load_run
+from rollout_client.eval.report import _data as report_data
+from rollout_client.eval.report import find_run_dir, render_report
+from rollout_client.eval.report._charts import (
+    WIDTH,
+    Series,
+    equal_bins,
+    histogram,
+    share_bar,
+    y_scale,
+)
+from rollout_client.eval.report._data import clip_conversation, load_run
 from rollout_types import RolloutResultResponse, RolloutSample
 
 SCRIPT = '<script>alert("pwned")</script>'
@@ -82,8 +90,10 @@ async def make_run(
     rows: int = 5,
     n: int = 1,
     name: str = "run",
+    admit: Any = None,
 ) -> Path:
-    """Run a dataset of ``rows`` rows (labels "0".."rows-1") through a fake server."""
+    """Run a dataset of ``rows`` rows (labels "0".."rows-1") through a fake server
+    (``admit``, when given, sees each admission first and may raise)."""
     dataset = tmp_path / "data.jsonl"
     dataset.write_text(
         "".join(
@@ -91,7 +101,7 @@ async def make_run(
             for i in range(rows)
         )
     )
-    server = fakes.FakeServer(behaviour(plan))
+    server = fakes.FakeServer(behaviour(plan), admit=admit)
     report = await run_eval(
         EvalOptions(
             dataset=dataset,
@@ -107,6 +117,19 @@ async def make_run(
         client_factory=server.factory,
     )
     return report.run_dir
+
+
+async def refused_run(fakes: Any, tmp_path: Path) -> report_data.RunData:
+    """A run of three items whose admissions were all refused (infrastructure failures)."""
+
+    def refuse(_request: dict[str, Any]) -> None:
+        raise aiohttp.ClientConnectionError("connection refused")
+
+    data = load_run(await make_run(fakes, tmp_path, {}, rows=3, admit=refuse))
+    assert [item.record.outcome if item.record else None for item in data.items] == [
+        "infra_failure"
+    ] * 3
+    return data
 
 
 def text_of(document: str) -> str:
@@ -220,6 +243,43 @@ class TestEdgeCases:
         assert 'aria-labelledby="chart-reward-title' in document
         assert "0/2 with reward ≥ 1" in text
 
+    async def test_no_samples_warning_when_no_result_came_back(
+        self, fakes: Any, tmp_path: Path
+    ) -> None:
+        """A run whose admissions all failed has no samples.jsonl, and no note says so."""
+        data = await refused_run(fakes, tmp_path)
+        assert not (data.run_dir / "samples.jsonl").exists()
+        assert not any("samples.jsonl" in note for note in data.notes)
+        assert "samples.jsonl is missing" not in render_report(data)
+
+    async def test_no_pass_rate_is_shown_as_such_when_nothing_was_scored(
+        self, fakes: Any, tmp_path: Path
+    ) -> None:
+        """With no scored item the pass@k panel says there is no pass rate, not "pass@1 is
+        the pass rate, (dash)"."""
+        text = text_of(render_report(await refused_run(fakes, tmp_path)))
+        assert "pass rate, \N{EN DASH}" not in text
+        assert "no item was scored, so there is no pass rate either" in text
+
+    async def test_the_latency_chart_points_to_the_times_of_failed_admissions(
+        self, fakes: Any, tmp_path: Path
+    ) -> None:
+        """The items table lists the time to failure of infrastructure failures; the empty
+        latency chart says so instead of "No latencies recorded yet"."""
+        data = await refused_run(fakes, tmp_path)
+        assert all(item.record and item.record.latency_sec is not None for item in data.items)
+        text = text_of(render_report(data))
+        assert "No latencies recorded yet" not in text
+        assert "the time to failure of 3 items is in the items table" in text
+
+    async def test_a_missing_samples_file_is_noted_when_results_came_back(
+        self, fakes: Any, tmp_path: Path
+    ) -> None:
+        """samples.jsonl deleted after rollouts returned samples is still called missing."""
+        run_dir = await make_run(fakes, tmp_path, {}, rows=2)
+        (run_dir / "samples.jsonl").unlink()
+        assert "samples.jsonl is missing" in render_report(load_run(run_dir))
+
     async def test_a_success_without_reward_and_a_skipped_item_render(
         self, fakes: Any, tmp_path: Path
     ) -> None:
@@ -315,9 +375,34 @@ class TestCharts:
         assert equal_bins([2.0, 2.0]) == [(2.0, 2.0)]
         assert equal_bins([]) == []
 
+    def test_marker_labels_stay_inside_the_chart(self) -> None:
+        """A marker at the right edge (p99 at the maximum) is labelled left of its line, so
+        its label is not cut off; one with room is labelled right of its line."""
+        svg = histogram(
+            chart_id="c",
+            title="latency",
+            description="d",
+            bins=[(0.0, 1.0), (1.0, 2.0)],
+            counts=[(1.0,), (1.0,)],
+            series=[Series(name="s", color="#000")],
+            x_label="seconds",
+            markers=[("p50", 1.0), ("p99", 2.0)],
+        )
+        lines = dict(re.findall(r'<title>(p\d+) [^<]*</title><line x1="([\d.]+)"', svg))
+        labels = re.findall(r'<text x="([\d.]+)" y="[\d.]+" text-anchor="(\w+)">(p\d+)<', svg)
+        assert {name: anchor for _, anchor, name in labels} == {"p50": "start", "p99": "end"}
+        for x, anchor, name in labels:
+            label_x, line_x, width = float(x), float(lines[name]), 7 * len(name)
+            if anchor == "start":
+                assert line_x < label_x
+                assert label_x + width <= WIDTH
+            else:
+                assert label_x < line_x
+                assert label_x - width >= 0
+
     def test_share_bar_describes_its_parts(self) -> None:
         """The share bar's description lists each non-empty part with its share."""
-        from rollout_client.eval._report import OUTCOME_SERIES
+        from rollout_client.eval.report._markup import OUTCOME_SERIES
 
         svg = share_bar(
             chart_id="c",

@@ -1,7 +1,7 @@
 """``rollout-eval``: evaluate a dataset through a rollout server with ``RolloutClient``.
 
-The command is :func:`rollout_client.eval._cli.main`; :func:`run_eval` is the same job as a
-coroutine for programs that drive it themselves.
+The command is ``rollout-eval`` (or ``python -m rollout_client.eval``); :func:`run_eval` is
+the same job as a coroutine for programs that drive it themselves.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from ._errors import (
 from ._journal import Journal, JournalRecord, read_journal
 from ._options import EvalOptions
 from ._outcomes import classify_result
-from ._report import write_report
 from ._runner import EvalReport, run_eval
 from ._summary import format_summary, summarize
+from .report import write_report
 
 __all__ = [
     "Dataset",

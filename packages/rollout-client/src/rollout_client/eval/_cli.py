@@ -60,9 +60,9 @@ from ._failures import format_failures
 from ._journal import latest_by_item, read_journal
 from ._options import DEFAULT_MAX_CONSECUTIVE_INFRA_FAILURES, DEFAULT_OUTPUT_DIR, EvalOptions
 from ._progress import PROGRESS_MODES, routed_logging
-from ._report import find_run_dir, write_report
 from ._runner import run_eval
 from ._summary import format_summary
+from .report import find_run_dir, write_report
 
 __all__ = ["GC_YOUNG_THRESHOLD", "build_parser", "collector_tuned", "main"]
 

@@ -9,8 +9,12 @@ an in-memory fake).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Protocol
+
+import attrs
+
+from rollout_types import RolloutInitRequest
 
 from .._client import RolloutClient
 from .._pool import RolloutClientPool
@@ -43,20 +47,9 @@ class RunClient(Protocol):
 
     async def health(self) -> dict[str, Any]: ...
 
-    async def run_rollout_async(
-        self,
-        *,
-        initial_messages: list[dict[str, Any]],
-        chat_completions_url: str,
-        rollout_id: str,
-        llm_api_key: str | None = None,
-        label: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        grade: bool = True,
-        agent_timeout_sec: float | None = None,
-        grader_timeout_sec: float | None = None,
-        extra_fields: dict[str, Any] | None = None,
-    ) -> Any: ...
+    async def run_rollout_async(self, *args: Any, **kwargs: Any) -> Any:
+        """Called with the fields of a :class:`~rollout_types.RolloutInitRequest` as
+        keywords; returns a :class:`RunHandle`."""
 
     async def cancel_rollout(self, rollout_id: str) -> Any: ...
 
@@ -75,20 +68,22 @@ def default_client_factory(**kwargs: Any) -> RunClient:
     return client
 
 
-def start_rollout(
+async def start_rollout(
     client: RunClient,
     *,
     options: EvalOptions,
     row: DatasetRow,
     rollout_id: str,
     item: tuple[int, int],
-) -> Awaitable[Any]:
-    """Admit one work item (``row``'s prompt and label, graded), returning the admission.
+) -> Any:
+    """Admit one work item (``row``'s prompt and label, graded); return its :class:`RunHandle`.
 
-    Awaiting the result gives the :class:`RunHandle`. ``extra_fields`` carries the item's
-    ``row_index`` and ``run_index`` to the server.
+    ``extra_fields`` carries the item's ``row_index`` and ``run_index`` to the server.
+
+    Raises:
+        ValueError: The wire model rejects the request.
     """
-    return client.run_rollout_async(
+    request = RolloutInitRequest(
         initial_messages=row.initial_messages,
         chat_completions_url=options.chat_url,
         rollout_id=rollout_id,
@@ -100,3 +95,4 @@ def start_rollout(
         grader_timeout_sec=options.grader_timeout_sec,
         extra_fields={"row_index": item[0], "run_index": item[1]},
     )
+    return await client.run_rollout_async(**attrs.asdict(request, recurse=False))

@@ -62,7 +62,7 @@ class DatasetRow:
 
     @property
     def initial_messages(self) -> list[dict[str, Any]]:
-        """The chat messages the rollout starts from: system (if any), then user (if any)."""
+        """The chat messages the rollout starts from (system if any, then user if any)."""
         messages: list[dict[str, Any]] = []
         if self.system_prompt is not None:
             messages.append({"role": "system", "content": self.system_prompt})

@@ -127,12 +127,12 @@ class EvalOptions:
 
     @property
     def server_urls(self) -> tuple[str, ...]:
-        """Every rollout server: ``server_url`` then ``extra_server_urls``."""
+        """Every rollout server (``server_url``, then ``extra_server_urls``)."""
         return (self.server_url, *self.extra_server_urls)
 
     @property
     def run_name(self) -> str:
-        """The run's name: ``name``, else the dataset's file stem."""
+        """The run's name (``name``, else the dataset's file stem)."""
         return self.name or self.dataset.stem or "run"
 
     def deadline_sec(self) -> float:

@@ -17,6 +17,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+import attrs
+
 from rollout_types import RolloutResultResponse
 
 from ._control import RunControl
@@ -50,6 +52,7 @@ def preload_progress(
     )
 
 
+@attrs.define(kw_only=True, eq=False)
 class Recorder:
     """Records the endings of one invocation's work items (see the module docstring).
 
@@ -62,23 +65,14 @@ class Recorder:
         max_consecutive_infra_failures: The stop rule's limit (0: never stop).
     """
 
-    def __init__(
-        self,
-        *,
-        journal: Journal,
-        progress: Progress,
-        control: RunControl,
-        samples_path: Path,
-        pass_threshold: float,
-        max_consecutive_infra_failures: int,
-    ) -> None:
-        self.journal = journal
-        self.progress = progress
-        self.control = control
-        self.samples_path = samples_path
-        self.pass_threshold = pass_threshold
-        self.max_consecutive_infra_failures = max_consecutive_infra_failures
-        self.consecutive_infra = 0
+    journal: Journal
+    progress: Progress
+    control: RunControl
+    samples_path: Path
+    pass_threshold: float
+    max_consecutive_infra_failures: int
+    consecutive_infra: int = attrs.field(default=0, init=False)
+    """Infrastructure failures in a row so far (the stop rule's count)."""
 
     def record(
         self,

@@ -95,7 +95,8 @@ async def run_eval(
         control: Lets the caller stop the run (the CLI's Ctrl-C); default: a private one.
         client_factory: Builds the rollout client; called with ``url`` (or ``urls`` when
             there are extra servers), ``api_key`` and ``admission_timeout_sec``; default
-            :class:`RolloutClient` (:class:`RolloutClientPool` for ``urls``).
+            :class:`~rollout_client.RolloutClient` (:class:`~rollout_client.RolloutClientPool`
+            for ``urls``).
 
     Returns:
         The report: run directory, summary, exit code and stop reason.

@@ -74,23 +74,24 @@ def categorize_exception(exc: BaseException) -> RolloutErrorCategory:
           :class:`~rollout_server.ModelEndpointError` (see its
           ``status_code`` rule below); ``ConnectionError`` (refused,
           reset, aborted, broken pipe); ``socket.gaierror`` (DNS);
-          ``urllib.error.URLError``; ``aiohttp.ClientConnectionError``
-          and ``aiohttp.ClientPayloadError``; ``httpx.TransportError``
+          ``urllib.error.URLError``;
+          ``aiohttp.ClientConnectionError`` and
+          ``aiohttp.ClientPayloadError``; ``httpx.TransportError``
           (``ConnectError``, ``ConnectTimeout``, ``PoolTimeout``,
           ``RemoteProtocolError``, ...); ``APIConnectionError``
           (OpenAI and Anthropic SDKs)
     3b    an HTTP status error whose status is in                      ``http_error``
-          :data:`MODEL_ENDPOINT_ERROR_STATUS_CODES`:
+          ``MODEL_ENDPOINT_ERROR_STATUS_CODES``:
           ``aiohttp.ClientResponseError`` (``raise_for_status()``),
           ``httpx.HTTPStatusError``, ``urllib.error.HTTPError``,
           ``APIStatusError`` (OpenAI and Anthropic SDKs)
     4     ``ValueError``, ``TypeError``, ``AssertionError`` (and       ``validation_error``
           ``json.JSONDecodeError``, ``UnicodeError``, pydantic's
           ``ValidationError``)
-    5     a class named in :data:`HTTP_ERROR_CLASS_NAMES` anywhere     ``http_error``
+    5     a class named in ``HTTP_ERROR_CLASS_NAMES`` anywhere         ``http_error``
           in the MRO, or one named in
-          :data:`HTTP_ERROR_STATUS_CLASS_NAMES` with an integer
-          ``status_code`` in :data:`HTTP_ERROR_STATUS_CODES`
+          ``HTTP_ERROR_STATUS_CLASS_NAMES`` with an integer
+          ``status_code`` in ``HTTP_ERROR_STATUS_CODES``
           (sandbox providers, as osmosis-ai)
     6     anything else, including an HTTP status error with another   ``agent_error``
           status (400, 413, 422, ...)
@@ -98,7 +99,7 @@ def categorize_exception(exc: BaseException) -> RolloutErrorCategory:
 
     ``http_error`` means "infrastructure or provider failure" (spec 2.2): callers such as
     ``rollout-eval`` do not score it and run the item again later. A status in
-    :data:`MODEL_ENDPOINT_ERROR_STATUS_CODES` says the endpoint, or how it is configured, failed
+    ``MODEL_ENDPOINT_ERROR_STATUS_CODES`` says the endpoint, or how it is configured, failed
     (a wrong key, an exhausted quota, a wrong URL or model name, rate limiting, a server error):
     the same failure would hit any conversation. Any other 4xx refuses the request the agent
     built (too long a context, a bad tool schema): that is the agent's failure.

@@ -125,7 +125,7 @@ class RolloutServer:
         registry: Every admitted rollout.
         process_id: A UUID4, new for every server instance (``/health`` ``process_id``).
         instance_id: ``$ROLLOUT_INSTANCE_ID``, else ``$_OSMOSIS_ROLLOUT_INSTANCE_ID``, else
-            :attr:`process_id`.
+            ``process_id``.
         result_wait_timeout_sec: Long-poll wait, seconds.
         polling_lease_timeout_sec: Polling lease, seconds.
         result_retention_sec: Retention of a published result, seconds.
@@ -363,7 +363,7 @@ class RolloutServer:
 
         Finished and unknown ids are ``not_found``; a repeated cancel before publication
         returns the first disposition. The backend is asked first; the server's own
-        execution task is the fallback (see :mod:`rollout_server.protocol._cancellation`).
+        execution task is the fallback (see ``rollout_server.protocol._cancellation``).
         """
         return await self._cancellation.cancel(selection)
 
@@ -424,7 +424,7 @@ class RolloutServer:
             logger.info("Rollout server shutting down: admissions closed")
 
     async def drain(self, *, collect: bool = True) -> None:
-        """Run the staged shutdown (see :mod:`rollout_server.protocol._shutdown`) once.
+        """Run the staged shutdown (see ``rollout_server.protocol._shutdown``) once.
 
         Concurrent and later calls wait for the same run.
 

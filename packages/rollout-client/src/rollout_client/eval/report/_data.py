@@ -28,12 +28,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from ._dataset import parse_row_selection
-from ._errors import EvalInputError
-from ._failures import FAILED_OUTCOMES
-from ._journal import JournalRecord, latest_by_item, read_journal
-from ._manifest import Manifest, read_manifest
-from ._summary import summarize
+from .._dataset import parse_row_selection
+from .._errors import EvalInputError
+from .._failures import FAILED_OUTCOMES
+from .._journal import JournalRecord, latest_by_item, read_journal
+from .._manifest import Manifest, read_manifest
+from .._summary import summarize
 
 __all__ = [
     "CONVERSATION_BUDGET_CHARS",
@@ -279,7 +279,9 @@ def _conversations(
 ) -> dict[Key, Conversation]:
     path = run_dir / "samples.jsonl"
     if not path.exists():
-        if records:
+        # Only a server's result carries a sample: a run whose rollouts all failed before
+        # one answered (status None) has no samples.jsonl, and nothing is missing.
+        if any(record.status is not None for record in records.values()):
             notes.append("samples.jsonl is missing: no conversations to show")
         return {}
     wanted = {record.rollout_id: key for key, record in records.items()}

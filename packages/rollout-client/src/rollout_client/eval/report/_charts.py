@@ -34,6 +34,8 @@ _MAX_X_LABELS: Final = 12
 _PLOT_W: Final = WIDTH - _LEFT - _RIGHT
 _PLOT_H: Final = HEIGHT - _TOP - _BOTTOM
 _MAX_BAR_W: Final = 90
+_MARKER_CHAR_W: Final = 7
+"""Width of one character of a marker label (11 px text), rounded up, in chart units."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -243,7 +245,8 @@ def histogram(
         series: The stacked parts.
         x_label: Caption under the x axis.
         unit: Appended to values in tooltips and tick labels (e.g. ``" s"``).
-        markers: ``(name, value)`` pairs drawn as dashed vertical lines (e.g. p50).
+        markers: ``(name, value)`` pairs drawn as dashed vertical lines (e.g. p50), each
+            labelled right of its line, or left of it near the chart's right edge.
 
     Returns:
         The ``<svg>`` element.
@@ -286,10 +289,14 @@ def histogram(
         )
     for index, (name, value) in enumerate(markers if span else ()):
         x = _LEFT + _PLOT_W * (value - low) / span
+        # Right of the line, or left of it where the label would run past the chart's edge.
+        fits = x + 3 + _MARKER_CHAR_W * len(name) <= WIDTH
+        label_x, anchor = (x + 3, "start") if fits else (x - 3, "end")
         body.append(
             f'<g class="marker"><title>{_e(name)} {_e(format_number(value) + unit)}</title>'
             f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{_TOP}" y2="{_TOP + _PLOT_H}"/>'
-            f'<text x="{x + 3:.1f}" y="{_TOP + 10 + 11 * index}">{_e(name)}</text></g>'
+            f'<text x="{label_x:.1f}" y="{_TOP + 10 + 11 * index}" text-anchor="{anchor}">'
+            f"{_e(name)}</text></g>"
         )
     return _frame(chart_id, title, description, body)
 
