@@ -73,8 +73,10 @@ from ..protocol._server import (
     DEFAULT_HEADER_READ_TIMEOUT_SEC,
     DEFAULT_KEEPALIVE_TIMEOUT_SEC,
     DEFAULT_MAX_BODY_BYTES,
+    RolloutServer,
 )
 from ..protocol._shutdown import ShutdownTimeouts
+from ..state._store import default_state_url
 from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._logsink import TurnBufferedStreamHandler
 
@@ -125,6 +127,7 @@ _SERVER_OPTIONS: Final = (
     "backend_shutdown_timeout_sec",
     "collect_timeout_sec",
     "metrics",
+    "state",
 )
 
 
@@ -272,6 +275,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="log one line per request (logger rollout_server.access)",
     )
     options.add_argument(
+        "--state",
+        metavar="URL",
+        default=None,
+        help=(
+            "where admissions and results are kept so that a restart loses nothing: "
+            "sqlite:///ABS/PATH.db or memory: (default: "
+            "sqlite:///$XDG_STATE_HOME/rollout/state/serve-PORT.db, ~/.local/state without "
+            "XDG_STATE_HOME; memory: with --port 0); the startup line names it"
+        ),
+    )
+    options.add_argument(
         "--no-metrics",
         dest="metrics",
         action="store_const",
@@ -347,6 +361,7 @@ def _server_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["access_log"] = True
     if args.metrics is False:
         kwargs["metrics"] = False
+    kwargs["state"] = default_state_url(args.port) if args.state is None else args.state
     stages = {
         "drain_sec": args.drain_timeout_sec,
         "cleanup_sec": args.cleanup_timeout_sec,
@@ -528,9 +543,17 @@ def describe_served(target: str, app: web.Application) -> str:
     described = type(backend).__name__ + (f" ({', '.join(details)})" if details else "")
     return (
         f"rollout-server serving {target}: backend {described}; "
-        f"auth {'on' if server.requires_auth else 'off'}; protocol {PROTOCOL_VERSION}; "
+        f"auth {'on' if server.requires_auth else 'off'}; state {_state_text(server)}; "
+        f"protocol {PROTOCOL_VERSION}; "
         f"loop {_loop_name(asyncio.get_running_loop())}"
     )
+
+
+def _state_text(server: RolloutServer) -> str:
+    url = server.state.url
+    if server.state.durable:
+        return url
+    return f"{url} (nothing survives a restart; pass --state sqlite:///ABS/PATH.db to keep it)"
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -40,6 +40,7 @@ from ..protocol._server import (
     RolloutServer,
 )
 from ..protocol._shutdown import ShutdownTimeouts
+from ..state._store import MEMORY
 from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._aiohttp_private import install_request_handler
 from ._connection import ConnectionGuard
@@ -94,6 +95,7 @@ def create_rollout_server(
     body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
     metrics: bool = True,
     tracer_provider: Any = None,
+    state: str = MEMORY,
 ) -> web.Application:
     """Build the rollout protocol server as an aiohttp application.
 
@@ -136,6 +138,14 @@ def create_rollout_server(
             is set, else one configured from the ``OTEL_*`` environment variables (or
             ``OSMOSIS_ROLLOUT_OTLP_ENDPOINT``) when they ask for an exporter, else no
             tracing at all.
+        state: Where admissions and results are kept, so that a restart loses nothing:
+            ``"memory:"`` (default: nothing survives the process) or
+            ``"sqlite:///ABS/PATH.db"`` (a SQLite file: an admission is answered 202 and a
+            result becomes visible only once stored; a server restarted on the same file
+            serves the stored results to the original lease tokens and fails the rollouts
+            that were in flight as ``internal_error``). The file is opened when the app
+            starts: a file that cannot be used (corrupt, locked by another server,
+            read-only, of a newer schema) fails the start with :class:`ServerConfigError`.
 
     Returns:
         The application; its :class:`RolloutServer` is ``app[ROLLOUT_SERVER_KEY]``.
@@ -149,6 +159,8 @@ def create_rollout_server(
        ``header_read_timeout_sec``, ``body_read_timeout_sec``, ``metrics`` and
        ``tracer_provider``; request lines (and so result URLs) are limited to 8190 bytes,
        and longer ids are refused at admission.
+    .. versionchanged:: 0.3
+       ``state``.
     """
     if not isinstance(backend, ExecutionBackend):
         raise TypeError(
@@ -193,6 +205,7 @@ def create_rollout_server(
         status_change_grace_sec=grace,
         metrics=bool(metrics),
         tracing=None if provider is None else ServerTracing(provider),
+        state=state,
     )
     app = web.Application(
         middlewares=[make_protocol_middleware(api_key)],

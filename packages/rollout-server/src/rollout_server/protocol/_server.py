@@ -141,6 +141,8 @@ class RolloutServer:
         shutdown_timeouts: Bounds of the staged shutdown.
         metrics: The Prometheus metrics (``GET /metrics``), or None when turned off.
         tracing: The OpenTelemetry spans of the server, or None when it does not trace.
+        state: Where admissions and results are kept (``memory:`` or ``sqlite:///...``).
+        recovery: What the last start recovered from :attr:`state`.
     """
 
     def __init__(
@@ -160,6 +162,7 @@ class RolloutServer:
         status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
         metrics: bool = True,
         tracing: ServerTracing | None = None,
+        state: str = MEMORY,
     ) -> None:
         self.backend = backend
         self.result_wait_timeout_sec = result_wait_timeout_sec
@@ -205,7 +208,7 @@ class RolloutServer:
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self._drain_task: asyncio.Task[None] | None = None
         self._hurry: asyncio.Future[None] | None = None
-        self.state: StateLocation = parse_state_url(MEMORY)
+        self.state: StateLocation = parse_state_url(state)
         self._store: StateStore = store_for(self.state)
         self.recovery = Recovery()
 

@@ -175,7 +175,7 @@ class SqliteStore:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise self._unwritable(exc) from exc
+            raise self._unwritable(exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -186,7 +186,7 @@ class SqliteStore:
                     f"is in use by another rollout-server ({holder})",
                     "stop that server first, or give this one its own file with --state",
                 ) from None
-            raise self._unwritable(exc) from exc
+            raise self._unwritable(exc) from None
         os.ftruncate(fd, 0)
         os.write(fd, (_holder(process_id) + "\n").encode())
         self._lock_fd = fd
@@ -212,12 +212,12 @@ class SqliteStore:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             os.close(fd)
         except OSError as exc:
-            raise self._unwritable(exc) from exc
+            raise self._unwritable(exc) from None
         self._take_lock(process_id)
         try:
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
         except sqlite3.Error as exc:
-            raise self._unwritable(exc) from exc
+            raise self._unwritable(exc) from None
         try:
             self._prepare(db)
         except BaseException:
@@ -234,7 +234,7 @@ class SqliteStore:
             check = db.execute("PRAGMA quick_check").fetchall()
             version = int(db.execute("PRAGMA user_version").fetchone()[0])
         except sqlite3.DatabaseError as exc:
-            raise self._corrupt(exc) from exc
+            raise self._corrupt(exc) from None
         if str(mode).lower() != "wal":
             raise self._unwritable(RuntimeError(f"journal_mode WAL refused ({mode})"))
         if [tuple(row) for row in check] != [("ok",)]:
@@ -270,9 +270,9 @@ class SqliteStore:
                 db.execute("ROLLBACK")
                 raise
         except sqlite3.OperationalError as exc:
-            raise self._unwritable(exc) from exc
+            raise self._unwritable(exc) from None
         except sqlite3.DatabaseError as exc:
-            raise self._corrupt(exc) from exc
+            raise self._corrupt(exc) from None
 
     def _corrupt(self, exc: BaseException) -> StateOpenError:
         return self._fail(
@@ -295,13 +295,13 @@ class SqliteStore:
         except sqlite3.OperationalError as exc:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
-            raise self._unwritable(exc) from exc
+            raise self._unwritable(exc) from None
         except sqlite3.DatabaseError as exc:
-            raise self._corrupt(exc) from exc
+            raise self._corrupt(exc) from None
         try:
             return [self._stored(row) for row in rows]
         except (ValueError, TypeError) as exc:
-            raise self._corrupt(RuntimeError(f"a row does not read back: {exc}")) from exc
+            raise self._corrupt(RuntimeError(f"a row does not read back: {exc}")) from None
 
     @staticmethod
     def _stored(row: tuple[Any, ...]) -> StoredRollout:

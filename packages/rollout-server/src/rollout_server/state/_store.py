@@ -29,8 +29,9 @@ A networked store implements :class:`StateStore` and gets a scheme of its own in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from pathlib import PurePosixPath
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
 from typing import Final, Protocol
 
 import attrs
@@ -50,6 +51,7 @@ __all__ = [
     "StoreStats",
     "StoreWriteError",
     "StoredRollout",
+    "default_state_url",
     "parse_state_url",
     "store_for",
 ]
@@ -137,6 +139,26 @@ def parse_state_url(url: object) -> StateLocation:
     if "\x00" in raw:
         raise StateOpenError(f"state {url!r} holds a NUL character")
     return StateLocation(url=f"sqlite://{path}", path=path)
+
+
+def default_state_url(port: int, environ: Mapping[str, str] | None = None) -> str:
+    """The state ``rollout-server serve`` keeps when ``--state`` is not given.
+
+    ``sqlite:///$XDG_STATE_HOME/rollout/state/serve-PORT.db`` (``XDG_STATE_HOME`` when it is
+    an absolute path, else ``~/.local/state``; beside the default artifact root
+    ``.../rollout/artifacts``), keyed by the port, so servers on different ports never share
+    a file, and a server restarted on its port finds its rollouts. With port 0 there is no
+    port to come back on (callers could not find a restarted server), so ``memory:``.
+    """
+    if port == 0:
+        return MEMORY
+    env = os.environ if environ is None else environ
+    state_home = env.get("XDG_STATE_HOME", "").strip()
+    if state_home and Path(state_home).is_absolute():  # XDG: relative values are ignored
+        root = Path(state_home)
+    else:
+        root = Path.home() / ".local" / "state"
+    return f"sqlite://{root / 'rollout' / 'state' / f'serve-{port}.db'}"
 
 
 @attrs.frozen(kw_only=True)
