@@ -244,11 +244,11 @@ class RolloutRegistry(RecordTable):
             err_category=err_category,
         )
         self._undelivered += 1
-        fields = ResultFields(status, sample, err_message, err_category)
         if link is None:
-            self._fix(record, body, fields)
+            self._fix(record, body, status, sample, err_message, err_category)
         else:
             fut = link.publication(record, status, body)
+            fields = ResultFields(status, sample, err_message, err_category)
             fixed = functools.partial(self._stored, record, body, fields)
             fut.add_done_callback(fixed, context=self._callback_context)
         return True
@@ -271,10 +271,18 @@ class RolloutRegistry(RecordTable):
                 record.rollout_id,
                 error or "cancelled",
             )
-        self._fix(record, body, fields)
+        self._fix(record, body, *fields)
 
-    def _fix(self, record: RolloutRecord, body: bytes, fields: ResultFields) -> None:
-        status, sample, err_message, err_category = fields
+    def _fix(  # noqa: PLR0917 - the fields of publish(), positional on the hot path
+        self,
+        record: RolloutRecord,
+        body: bytes,
+        status: RolloutStatus,
+        sample: RolloutSample | None,
+        err_message: str | None,
+        err_category: RolloutErrorCategory | None,
+    ) -> None:
+        """Fix the result of ``record`` (its write, if any, is over)."""
         record.body = body
         record.status = status
         log_finished(record, status, sample, err_message, err_category)
