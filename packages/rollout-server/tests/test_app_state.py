@@ -336,3 +336,24 @@ class TestRestart:
                 await runner.setup()
         finally:
             await runner.cleanup()
+
+    async def test_a_start_that_fails_after_opening_the_state_releases_it(
+        self, scripted: Any, tmp_path: Path
+    ) -> None:
+        """A backend whose startup() fails: the app's start fails, and the state file is
+        free for the next start."""
+
+        class FailingStart(scripted):  # type: ignore[misc]
+            async def startup(self) -> None:
+                raise RuntimeError("backend cannot start")
+
+        path = tmp_path / "state.db"
+        runner = web.AppRunner(create_rollout_server(backend=FailingStart(), state=url(path)))
+        try:
+            with pytest.raises(RuntimeError, match="backend cannot start"):
+                await runner.setup()
+        finally:
+            await runner.cleanup()
+        store = SqliteStore(path)
+        await store.open(process_id="next")
+        await store.close()

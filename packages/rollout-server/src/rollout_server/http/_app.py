@@ -62,7 +62,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     server = app[ROLLOUT_SERVER_KEY]
     _ = server.registry.loop
     await server.open_state()
-    await server.backend.startup()
+    try:
+        await server.backend.startup()
+    except BaseException:
+        await server.close()  # releases the state store for the next start
+        raise
     yield
     await server.drain(collect=False)
 

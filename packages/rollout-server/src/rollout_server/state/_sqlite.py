@@ -432,7 +432,7 @@ class SqliteStore:
                     with contextlib.suppress(sqlite3.Error):
                         db.execute("ROLLBACK")
                     raise
-            except sqlite3.Error as exc:
+            except Exception as exc:  # noqa: BLE001 - every failure fails the batch, not the writer
                 error = StoreWriteError(
                     f"writing state file {self.path} failed: {exc}", reason=str(exc)
                 )
