@@ -8,7 +8,6 @@ Python, which is how "install only the client" and "install only the server" sta
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -19,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import nox
+from nox.logger import logger as nox_logger
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -38,6 +38,7 @@ from compatibility import (
     rebuild_release_wheels,
     wheel_version,
 )
+from interpreters import find_interpreters, install_hint, pyenv_root
 
 PYTHONS = ["3.11", "3.12", "3.13"]
 # The test toolchain, with the lower bounds the configuration needs: pytest-asyncio (which
@@ -79,29 +80,42 @@ LINT_PATHS = [
 
 
 def _expose_pyenv_interpreters() -> None:
-    """Put pyenv's 3.11/3.12/3.13 ``bin`` folders on PATH so ``python3.X`` resolves.
+    """Put pyenv's 3.11/3.12/3.13 ``bin`` folders on PATH so ``python3.X`` resolves, and warn
+    at once about a version found nowhere (which sessions it costs, and how to install it).
 
     pyenv shims only resolve a version named in ``PYENV_VERSION``; nox should find the
     interpreters without manual set-up, so point at the installed versions directly.
     """
-    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-    dirs: list[str] = []
-    for minor in PYTHONS:
-        candidates = sorted(glob.glob(str(pyenv_root / "versions" / f"{minor}.*" / "bin")))
-        if candidates:
-            dirs.append(candidates[-1])
-    if dirs:
-        os.environ["PATH"] = os.pathsep.join([*dirs, os.environ.get("PATH", "")])
+    found = find_interpreters(PYTHONS, path=os.environ.get("PATH", ""), pyenv_root=pyenv_root())
+    if found.pyenv_bins:
+        os.environ["PATH"] = os.pathsep.join([*found.pyenv_bins, os.environ.get("PATH", "")])
     # uv must use these interpreters, never download one (the network reaches PyPI only).
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
     os.environ.setdefault("UV_PYTHON_PREFERENCE", "only-system")
+    if found.missing:
+        outcome = "fail (CI)" if MISSING_INTERPRETERS_FAIL else "be skipped"
+        versions = ", ".join(found.missing)
+        nox_logger.warning(
+            f"Python {versions} not found (on PATH or under {pyenv_root()}/versions): the "
+            f"sessions on {versions} will {outcome}; {install_hint(found.missing)}"
+        )
 
+
+MISSING_INTERPRETERS_FAIL = "CI" in os.environ
+"""Whether a session whose Python is missing fails (on CI: every check must run there) or is
+skipped (elsewhere: the others still run, and ``run.py`` lists the skipped ones at the end
+and exits non-zero). ``--error-on-missing-interpreters`` makes it fail anywhere."""
 
 _expose_pyenv_interpreters()
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.error_on_missing_interpreters = True
+nox.options.error_on_missing_interpreters = MISSING_INTERPRETERS_FAIL
+if hasattr(nox.options, "download_python"):
+    # Newer nox would otherwise ask uv to download a missing Python, which the
+    # UV_PYTHON_DOWNLOADS=never above refuses with a hint about uv's own settings: say
+    # "not found" instead (the warning above says how to install it).
+    nox.options.download_python = "never"
 nox.options.sessions = [
     "lint",
     "typecheck",
@@ -185,8 +199,11 @@ SOURCE_DIRS = [str(PACKAGES[name] / "src") for name in PACKAGES]
 
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check over the whole tree, then ``lint-imports``: the
-    layers written as contracts in pyproject.toml's ``[tool.importlinter]``."""
+    """ruff check, ruff format --check and the import-linter contracts over the whole tree.
+
+    ``lint-imports`` checks the layers written as contracts in pyproject.toml's
+    ``[tool.importlinter]``.
+    """
     session.install(*LINT_DEPS)
     session.run("ruff", "check", *LINT_PATHS)
     session.run("ruff", "format", "--check", *LINT_PATHS)
@@ -235,8 +252,11 @@ def unclassified_server_modules() -> list[str]:
 
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the packages, the typing file, the dev tools' shared modules
-    (compatibility table, process handling, demo, public surface) and the noxfile."""
+    """mypy --strict over the packages, the typing file, the dev tools and the noxfile.
+
+    The dev tools checked are the shared modules: the compatibility table, the interpreter
+    finder, process handling, the demo and the public surface.
+    """
     session.install(MYPY, "nox>=2024.10", *TEST_DEPS, "uvloop")
     session.install(
         "-e",
@@ -253,6 +273,7 @@ def typecheck(session: nox.Session) -> None:
         "packages/rollout-server/src/rollout_server",
         "tests/typing",
         "tools/compatibility.py",
+        "tools/interpreters.py",
         "tools/devprocs.py",
         "tools/demo.py",
         "tools/public_surface.py",
@@ -279,8 +300,7 @@ def tests_client(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS)
 def tests_server(session: nox.Session) -> None:
-    """rollout-server's own tests, with only rollout-server (and its ``[otel]`` extra) and
-    rollout-types installed."""
+    """rollout-server's own tests, with only rollout-server[otel] and rollout-types installed."""
     install_wheels(session, "rollout-types", "rollout-server", extras=TEST_EXTRAS)
     session.install(*TEST_DEPS, ATIF_MODELS)
     run_pytest(session, *PARALLEL, "packages/rollout-server/tests")
@@ -288,8 +308,11 @@ def tests_server(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def integration(session: nox.Session) -> None:
-    """Cross-package tests (client against server, the eval job, the demo) from wheels, and
-    the benchmark harness's smoke test (tiny counts, times nothing)."""
+    """Cross-package tests from wheels: client against server, the eval job, the demo.
+
+    Also the dev tools' tests and the benchmark harness's smoke test (tiny counts, times
+    nothing).
+    """
     install_wheels(
         session,
         "rollout-types",
@@ -568,7 +591,7 @@ def bench(session: nox.Session) -> None:
     Ours is installed from wheels of this checkout into the session's venv, osmosis-ai
     0.3.8 and uvicorn from PyPI into a second venv on the same Python. Results (JSON lines
     and a markdown table) go to ``bench-results/``. ``nox -s bench`` runs the full suite
-    (about 10 minutes, best on an otherwise idle machine); ``nox -s bench -- --quick`` is a
+    (about 15 minutes, best on an otherwise idle machine); ``nox -s bench -- --quick`` is a
     smoke run of about a minute; ``-- --workload throughput`` (repeatable) runs a subset;
     ``-- --help`` lists every option.
     """
@@ -579,11 +602,13 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python="3.12")
 def bench_ray(session: nox.Session) -> None:
-    """RayBackend against LocalBackend (not in the default set): overhead per no-op rollout,
-    scaling of a CPU-bound workflow over 1 and 2 workers, long-poll responsiveness while
-    workers compute, and recovery from SIGKILL of a worker (``benchmarks/ray_bench.py``;
-    a few minutes, best on an otherwise idle machine). Posargs go to the module
-    (``-- --help``)."""
+    """Benchmarks of RayBackend against LocalBackend (not in the default set).
+
+    Overhead per no-op rollout, scaling of a CPU-bound workflow over 1 and 2 workers,
+    long-poll responsiveness while workers compute, and recovery from SIGKILL of a worker
+    (``benchmarks/ray_bench.py``; a few minutes, best on an otherwise idle machine).
+    Posargs go to the module (``-- --help``).
+    """
     install_wheels(
         session,
         "rollout-types",
@@ -713,7 +738,7 @@ def run_matrix(
 
 @nox.session(python=PEER_PYTHON)
 def interop(session: nox.Session) -> None:
-    """The quick part of the matrix (CI): this checkout against itself, osmosis-ai and releases.
+    """The quick part of the compatibility matrix (in CI): checkout, osmosis-ai, releases.
 
     Pairs marked ``quick`` in :func:`compat_table` (checkout against itself, both
     osmosis-ai 0.3.8 directions, osmosis-ai 0.3.2 failing fast both ways, and the newest

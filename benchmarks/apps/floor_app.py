@@ -36,7 +36,7 @@ from benchmarks.apps.behaviour import (
     install_release_guard,
     wait_as_told,
 )
-from rollout_server.cli._cli import LISTEN_BACKLOG, tune_collector, write_port_file
+from rollout_server.cli._serve import LISTEN_BACKLOG, tune_collector, write_port_file
 
 __all__ = ["build_app", "main"]
 

@@ -245,6 +245,18 @@ class CalculatorAgent(AgentWorkflow):
                 status = response.status
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise ChatEndpointError(f"GET {base}/models failed: {exc!r}") from exc
+        if status in (401, 403):
+            key = (
+                "rejected the rollout's API key (llm_api_key: rollout-eval's --llm-api-key-env)"
+                if session.headers.get("Authorization")
+                else "needs an API key and the rollout carries none (llm_api_key: "
+                "rollout-eval's --llm-api-key-env)"
+            )
+            raise ChatEndpointError(
+                f"GET {base}/models returned {status}: the model endpoint {key}: "
+                f"{_error_detail(text)}",
+                status_code=status,
+            )
         if status != 200:
             raise ChatEndpointError(
                 f"GET {base}/models returned {status}: {_error_detail(text)}; set the "

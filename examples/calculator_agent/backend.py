@@ -25,17 +25,37 @@ from rollout_server import AgentWorkflowConfig, GraderConfig, LocalBackend
 from .agent import CalculatorAgent
 from .grader import AnswerGrader
 
-__all__ = ["create_backend", "int_env", "workflow_config"]
+__all__ = ["create_backend", "int_env", "settings_exit", "workflow_config"]
 
 
-def int_env(name: str, default: int | None) -> int | None:
+def int_env(name: str, default: int | None, *, minimum: int = 1) -> int | None:
+    """The integer in environment variable ``name``, or ``default`` when it is unset or blank.
+
+    Raises:
+        ValueError: When the value is not an integer of at least ``minimum``, naming the
+            variable.
+    """
     value = os.environ.get(name, "").strip()
     if not value:
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
-        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+        number = None
+    if number is None or number < minimum:
+        raise ValueError(
+            f"environment variable {name} must be an integer of at least {minimum}, got {value!r}"
+        )
+    return number
+
+
+def settings_exit(exc: ValueError) -> SystemExit:
+    """The one-line exit of a factory whose environment variable is bad.
+
+    ``rollout-server serve`` calls the factory; a ``SystemExit`` ends it with this one line
+    (status 1) where any other exception would be reported with its traceback.
+    """
+    return SystemExit(f"calculator_agent: {exc}")
 
 
 def workflow_config() -> AgentWorkflowConfig:
@@ -63,12 +83,18 @@ def create_backend() -> LocalBackend:
     """Build the example LocalBackend from the environment (see the module docstring).
 
     Raises:
-        ValueError: When one of the environment variables is not a valid number.
+        SystemExit: When one of the environment variables is not a valid number, with one
+            line naming it (see :func:`settings_exit`).
     """
+    try:
+        config = workflow_config()
+        max_queued = int_env("EXAMPLE_AGENT_MAX_QUEUED", None, minimum=0)
+    except ValueError as exc:
+        raise settings_exit(exc) from None
     return LocalBackend(
         workflow=CalculatorAgent,
-        workflow_config=workflow_config(),
+        workflow_config=config,
         grader=AnswerGrader,
         grader_config=GraderConfig(name="answer-match"),
-        max_queued=int_env("EXAMPLE_AGENT_MAX_QUEUED", None),
+        max_queued=max_queued,
     )

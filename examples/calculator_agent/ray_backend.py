@@ -24,7 +24,7 @@ from pathlib import Path
 from rollout_server import GraderConfig, RayBackend
 
 from .agent import CalculatorAgent
-from .backend import int_env, workflow_config
+from .backend import int_env, settings_exit, workflow_config
 from .grader import AnswerGrader
 
 __all__ = ["create_backend"]
@@ -34,16 +34,23 @@ def create_backend() -> RayBackend:
     """Build the example RayBackend from the environment (see the module docstring).
 
     Raises:
-        ValueError: When one of the environment variables is not a valid number.
+        SystemExit: When one of the environment variables is not a valid number, with one
+            line naming it.
     """
     examples_dir = str(Path(__file__).resolve().parent.parent)
+    try:
+        config = workflow_config()
+        num_workers = int_env("EXAMPLE_RAY_WORKERS", 2)
+        max_queued = int_env("EXAMPLE_AGENT_MAX_QUEUED", None, minimum=0)
+    except ValueError as exc:
+        raise settings_exit(exc) from None
     return RayBackend(
         workflow=CalculatorAgent,
-        workflow_config=workflow_config(),
+        workflow_config=config,
         grader=AnswerGrader,
         grader_config=GraderConfig(name="answer-match"),
-        num_workers=int_env("EXAMPLE_RAY_WORKERS", 2) or 2,
-        max_queued=int_env("EXAMPLE_AGENT_MAX_QUEUED", None),
+        num_workers=num_workers or 2,
+        max_queued=max_queued,
         worker_options={"num_cpus": 1},
         init_options={"runtime_env": {"env_vars": {"PYTHONPATH": examples_dir}}},
     )

@@ -29,6 +29,7 @@ if str(ROOT / "examples") not in sys.path:
     sys.path.insert(0, str(ROOT / "examples"))
 
 from calculator_agent import AnswerGrader, CalculatorAgent  # noqa: E402
+from calculator_agent.backend import create_backend  # noqa: E402
 from calculator_agent.calculator import CalculatorError, calculate  # noqa: E402
 
 
@@ -193,6 +194,37 @@ class TestCalculatorAgent:
         assert result.err_category == category
         assert f"returned {status}: model crashed" in result.err_message
 
+    @pytest.mark.parametrize("key", [None, "wrong"])
+    async def test_a_refused_model_lookup_names_the_key(
+        self, aiohttp_server: Any, serve_rollout: Any, tmp_path: Path, key: str | None
+    ) -> None:
+        """A 401 from GET /models fails the rollout saying the key was rejected (or that the
+        rollout carries none), not pointing at the 'model' setting."""
+
+        async def refuse(_request: web.Request) -> web.Response:
+            return web.json_response({"error": {"message": "invalid api key"}}, status=401)
+
+        app = web.Application()
+        app.router.add_get("/v1/models", refuse)
+        chat = await aiohttp_server(app, host="127.0.0.1")
+        server = await serve_rollout(backend(tmp_path, max_retries=0))
+        async with RolloutClient(url=server.url, admission_timeout_sec=30) as client:
+            result = await client.run_rollout(
+                initial_messages=[{"role": "user", "content": "q"}],
+                chat_completions_url=str(chat.make_url("/v1")),
+                rollout_id=uuid.uuid4().hex,
+                label="2",
+                agent_timeout_sec=30,
+                grader_timeout_sec=10,
+                llm_api_key=key,
+            )
+        assert result.status == "failure"
+        assert result.err_category == "http_error"
+        expected = "rejected the rollout's API key" if key else "needs an API key"
+        assert f"returned 401: the model endpoint {expected}" in result.err_message
+        assert "--llm-api-key-env" in result.err_message
+        assert "skip this lookup" not in result.err_message
+
     @pytest.mark.parametrize("model", [None, "m"])
     async def test_unreachable_chat_endpoint_is_an_http_error(
         self, serve_rollout: Any, tmp_path: Path, model: str | None
@@ -242,6 +274,40 @@ class TestCalculatorAgent:
             for call in calls
             if call.context is not None
         ]
+
+
+class TestBackendSettings:
+    @pytest.mark.parametrize(
+        ("name", "value"),
+        [
+            ("EXAMPLE_AGENT_MAX_CONCURRENT", "abc"),
+            ("EXAMPLE_AGENT_MAX_CONCURRENT", "0"),
+            ("EXAMPLE_AGENT_MAX_TURNS", "-1"),
+            ("EXAMPLE_AGENT_MAX_QUEUED", "x"),
+        ],
+    )
+    def test_a_bad_variable_exits_with_one_line(
+        self, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+    ) -> None:
+        """A bad setting ends `rollout-server serve` with one line naming the variable: a
+        SystemExit, which the server reports without a traceback."""
+        monkeypatch.setenv(name, value)
+        with pytest.raises(SystemExit) as caught:
+            create_backend()
+        message = str(caught.value.code)
+        assert message == (
+            f"calculator_agent: environment variable {name} must be an integer of at least "
+            f"{0 if name == 'EXAMPLE_AGENT_MAX_QUEUED' else 1}, got {value!r}"
+        )
+        assert caught.value.__cause__ is None
+        assert "\n" not in message
+
+    def test_valid_variables_configure_the_backend(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Valid values reach the backend (the slots the server reports on /health)."""
+        monkeypatch.setenv("EXAMPLE_AGENT_MAX_CONCURRENT", "3")
+        monkeypatch.setenv("EXAMPLE_AGENT_MAX_QUEUED", "0")
+        backend = create_backend()
+        assert backend.max_concurrent == 3
 
 
 class TestModelOutageInEval:

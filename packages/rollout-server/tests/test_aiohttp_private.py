@@ -1,26 +1,35 @@
-"""The private attributes of aiohttp the server relies on still exist (see _aiohttp_private).
+"""The private attributes of aiohttp the server relies on still exist, and the undocumented
+methods it overrides keep their signatures (see _aiohttp_private).
 
-If one of these fails after an aiohttp upgrade, that release renamed or dropped an attribute:
-the server still works (the code there is a no-op without it) but loses what it bought; find
-the new attribute and update :mod:`rollout_server.http._aiohttp_private`.
+If one of these fails after an aiohttp upgrade, that release renamed, dropped or reshaped an
+attribute or method: for an attribute the server still works (the code there is a no-op
+without it) but loses what it bought; for a method, the override in
+:mod:`rollout_server.http._connection` must follow. Update
+:mod:`rollout_server.http._aiohttp_private` and the override together.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from aiohttp import StreamReader, web, web_protocol
 
 from rollout_server.http._aiohttp_private import (
     KEEPALIVE_HANDLE,
     MAKE_HANDLER,
+    OVERRIDDEN_METHODS,
     PRIVATE_ATTRIBUTES,
     install_request_handler,
     last_parsed_payload,
     parsed_count,
     pause_keepalive_timer,
 )
+from rollout_server.http._connection import GuardedRequestHandler
 
 
 async def _serve_one(aiohttp_client: Any, handler: Any, app: web.Application | None = None) -> Any:
@@ -93,6 +102,45 @@ class TestPrivateAttributes:
         if before is not None:
             assert before.cancelled()
         assert after is None
+
+
+def parameters(method: Callable[..., Any]) -> str:
+    """A method's parameters after ``self``, without annotations: ``(request, status=500)``."""
+    signature = inspect.signature(method)
+    bare = [
+        parameter.replace(annotation=inspect.Parameter.empty)
+        for parameter in list(signature.parameters.values())[1:]
+    ]
+    return str(signature.replace(parameters=bare, return_annotation=inspect.Signature.empty))
+
+
+class TestOverriddenMethods:
+    @pytest.mark.parametrize("name", sorted(OVERRIDDEN_METHODS))
+    def test_aiohttp_keeps_each_signature(self, name: str) -> None:
+        """Each undocumented RequestHandler method the server overrides still exists on
+        aiohttp's class with the registered parameters."""
+        method = getattr(web_protocol.RequestHandler, name, None)
+        assert callable(method), f"aiohttp's RequestHandler has no {name} any more"
+        assert parameters(method) == OVERRIDDEN_METHODS[name]
+
+    @pytest.mark.parametrize("name", sorted(OVERRIDDEN_METHODS))
+    def test_the_override_takes_the_same_parameters(self, name: str) -> None:
+        """GuardedRequestHandler's override of each registered method takes the parameters
+        aiohttp calls it with."""
+        assert parameters(getattr(GuardedRequestHandler, name)) == OVERRIDDEN_METHODS[name]
+
+    def test_every_override_is_registered(self) -> None:
+        """Every aiohttp method GuardedRequestHandler overrides is registered, except those of
+        asyncio.Protocol (documented API)."""
+        own = {
+            name
+            for name, value in vars(GuardedRequestHandler).items()
+            if callable(value) and not name.startswith("__")
+        }
+        overridden = {name for name in own if hasattr(web_protocol.RequestHandler, name)}
+        documented = {name for name in overridden if hasattr(asyncio.Protocol, name)}
+        assert documented == {"data_received", "connection_lost"}
+        assert overridden - documented == set(OVERRIDDEN_METHODS)
 
 
 def recording_app(seen: list[Any], **app_options: Any) -> web.Application:

@@ -191,6 +191,48 @@ class TestStagedShutdown:
         async with asyncio.timeout(EVENT_SEC):
             await drain
 
+    async def test_results_cancelled_by_request_get_no_collect_window(
+        self, make_harness: Any, caplog: Any
+    ) -> None:
+        """An idle server whose only undelivered results are of rollouts the client cancelled
+        ends its shutdown without holding the collect window (60 s here) for them."""
+        harness = await make_harness(shutdown_timeouts=stages(collect_sec=60.0))
+        for rollout_id in ("c1", "c2"):
+            await harness.admit(rollout_id)
+            await harness.backend.started(rollout_id)
+        reply = await harness.cancel({"ids": ["c1", "c2"]})
+        assert reply.status == 200
+        await harness.until(lambda: harness.server.registry.undelivered == 2)
+        await harness.until(lambda: harness.server.registry.active == 0)
+        with caplog.at_level(logging.INFO, logger="rollout_server"):
+            async with asyncio.timeout(EVENT_SEC):
+                await harness.server.drain()
+        assert "Not waiting for 2 result(s) of rollouts cancelled by request: c1, c2" in (
+            caplog.messages
+        )
+        assert not [m for m in caplog.messages if m.startswith("Waiting up to")]
+
+    async def test_the_collect_window_waits_only_for_results_not_cancelled_by_request(
+        self, make_harness: Any
+    ) -> None:
+        """With a cancelled-by-request result and a finished one undelivered, the collect
+        window (60 s here) ends once the finished one is polled."""
+        harness = await make_harness(shutdown_timeouts=stages(collect_sec=60.0))
+        token = await harness.admit("done")
+        (await harness.backend.started("done")).succeed()
+        await harness.admit("dropped")
+        await harness.backend.started("dropped")
+        assert (await harness.cancel({"ids": ["dropped"]})).status == 200
+        await harness.until(lambda: harness.server.registry.undelivered == 2)
+        await harness.until(lambda: harness.server.registry.active == 0)
+        drain = asyncio.create_task(harness.server.drain())
+        await harness.until(lambda: not harness.server.accepting_rollouts)
+        assert not drain.done()
+        assert (await harness.poll("done", token)).json["status"] == "success"
+        async with asyncio.timeout(EVENT_SEC):
+            await drain
+        assert harness.server.registry.undelivered == 1
+
     async def test_second_signal_hurries_the_drain(self, make_harness: Any) -> None:
         """hurry() (a second SIGTERM) ends the remaining stage waits at once."""
         harness = await make_harness(

@@ -22,16 +22,10 @@ from aiohttp import web
 
 import rollout_server
 from rollout_server import ROLLOUT_SERVER_KEY, ServerConfigError, ServeTargetError
-from rollout_server.cli._cli import (
-    GC_YOUNG_THRESHOLD,
-    LISTEN_BACKLOG,
-    build_app,
-    build_parser,
-    load_target,
-    main,
-    serve,
-    tune_collector,
-)
+from rollout_server.cli._cli import main
+from rollout_server.cli._options import build_parser
+from rollout_server.cli._serve import GC_YOUNG_THRESHOLD, LISTEN_BACKLOG, serve, tune_collector
+from rollout_server.cli._target import build_app, load_target
 from rollout_types import LEASE_HEADER, PROTOCOL_VERSION
 
 COMMAND_LOOP_ONLY = True
@@ -168,6 +162,7 @@ class TestOptions:
             "--force-timeout-sec",
             "--backend-shutdown-timeout-sec",
             "--collect-timeout-sec",
+            "--no-metrics",
         ):
             assert flag in text
         assert "MODULE:ATTR" in text
@@ -177,6 +172,10 @@ class TestOptions:
         )
         assert "else 408 and the connection is closed (default 60)" in flat
         assert "at most 8190 bytes, so a rollout_id may be at most 8161 characters" in flat
+        assert (
+            "(default $_OSMOSIS_ROLLOUT_PORT when set, else 8000; osmosis-ai sets that variable "
+            "to the port it expects when it launches a rollout server"
+        ) in flat
 
     def test_there_is_no_api_key_option(self) -> None:
         """The key itself can never be passed on the command line."""
@@ -217,7 +216,23 @@ class TestCommandLine:
             main(["serve", "cli_targets:backend", "--app-dir", str(path)])
         assert info.value.code == 2
         problem = "does not exist" if kind == "missing" else "is not a directory"
-        assert f"--app-dir {path} {problem}" in capsys.readouterr().err
+        assert capsys.readouterr().err == (
+            f"rollout-server serve: error: --app-dir {path} {problem}; pass the directory that "
+            "holds MODULE (the default is the current directory)\n"
+            "See 'rollout-server serve --help' for the options.\n"
+        )
+
+    def test_a_port_out_of_range_is_one_line(
+        self, app_dir: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A --port outside 0-65535 exits 2 with one line and the --help hint, no usage."""
+        with pytest.raises(SystemExit) as info:
+            main(["serve", "cli_targets:backend", "--app-dir", str(app_dir), "--port", "70000"])
+        assert info.value.code == 2
+        assert capsys.readouterr().err == (
+            "rollout-server serve: error: --port must be between 0 and 65535; got 70000\n"
+            "See 'rollout-server serve --help' for the options.\n"
+        )
 
 
 class TestTargets:

@@ -17,7 +17,12 @@ from rollout_server import ROLLOUT_SERVER_KEY, ExecutionBackend, create_rollout_
 from rollout_server.http._middleware import make_protocol_middleware
 from rollout_server.http._routes import Routes
 from rollout_server.protocol._cancellation import Cancellation
-from rollout_server.protocol._shutdown import ShutdownTarget, ShutdownTimeouts, run_staged_shutdown
+from rollout_server.protocol._shutdown import (
+    DeliveryWatch,
+    ShutdownTarget,
+    ShutdownTimeouts,
+    run_staged_shutdown,
+)
 from rollout_server.state._deadlines import DeadlineQueue, due_at
 from rollout_server.state._record import ResultFields, RolloutRecord
 from rollout_server.state._registry import TOKEN_BYTES, RolloutRegistry
@@ -120,6 +125,7 @@ class _Target:
     def __init__(self, registry: RolloutRegistry, backend: ExecutionBackend) -> None:
         self.registry = registry
         self.backend = backend
+        self.deliveries = DeliveryWatch()
         self.calls: list[str] = []
 
     def begin_shutdown(self) -> None:

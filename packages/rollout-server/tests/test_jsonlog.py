@@ -15,7 +15,9 @@ from rollout_server import (
     ServeTargetError,
     create_rollout_server,
 )
-from rollout_server.cli._cli import build_app, build_parser, main
+from rollout_server.cli._cli import main
+from rollout_server.cli._options import build_parser
+from rollout_server.cli._target import build_app
 from rollout_server.observability._jsonlog import JsonFormatter, log_fields
 from rollout_types import RolloutErrorCategory, RolloutStatus
 

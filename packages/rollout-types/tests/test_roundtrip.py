@@ -22,6 +22,7 @@ from rollout_types import (
     RolloutResultResponse,
     RolloutSample,
     RolloutStatus,
+    WireValidationError,
     converter,
     dumps,
     loads,
@@ -221,5 +222,9 @@ class TestProperties:
         ):
             try:
                 structure_wire(data, cls)
-            except ValueError as exc:
-                json.dumps(getattr(exc, "body", {}), allow_nan=False)
+            except WireValidationError as exc:
+                failure = exc
+            else:
+                continue
+            assert failure.errors
+            json.dumps(failure.body, allow_nan=False)

@@ -25,6 +25,7 @@ from rollout_client.eval._cli import (
     main,
     options_from_args,
 )
+from rollout_client.eval._keys import describe_key
 from rollout_types import PROTOCOL_VERSION
 
 from .conftest import RolloutScript, result_fields, write_dataset
@@ -90,6 +91,22 @@ class TestOptions:
         assert options.max_consecutive_infra_failures == 7
         assert options.deadline_sec() == 95.0
         assert "s3cret" not in repr(options)
+
+    def test_keys_remember_their_variables(
+        self, dataset: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Each key read from the environment names its variable (for a "rejected the key
+        in $NAME" message) and shows no secret in its repr."""
+        monkeypatch.setenv("SRV_KEY", "s3cret")
+        monkeypatch.setenv("LLM_KEY", "l1m")
+        args = build_parser().parse_args(
+            run_args(dataset, "--server-api-key-env", "SRV_KEY", "--llm-api-key-env", "LLM_KEY")
+        )
+        options = options_from_args(args)
+        assert describe_key(options.server_api_key or "", "server_api_key") == "the key in $SRV_KEY"
+        assert describe_key(options.llm_api_key or "", "llm_api_key") == "the key in $LLM_KEY"
+        assert "s3cret" not in repr(options.server_api_key)
+        assert describe_key("plain", "server_api_key") == "the key given as server_api_key"
 
     def test_server_may_repeat(self, dataset: Path) -> None:
         """--server given several times names the first server and the extra ones."""

@@ -58,7 +58,7 @@ class TestLoadJsonl:
         with pytest.raises(DatasetError) as caught:
             load_dataset(path)
         text = str(caught.value)
-        assert "has 6 invalid problems" in text
+        assert "has 6 problems in 6 rows;" in text
         assert f"{path}:2: field 'user_prompt': is missing" in text
         assert "the row has a 'question' field: rename it" in text
         assert f"{path}:3: field 'ground_truth': is '2' but 'label' is '1'" in text
@@ -71,10 +71,18 @@ class TestLoadJsonl:
             (3, "ground_truth"),
         ]
 
+    def test_one_bad_row_is_counted_in_the_singular(self, tmp_path: Path) -> None:
+        """One problem in one row reads "1 problem in 1 row", not "1 invalid problems"."""
+        path = jsonl(tmp_path / "one.jsonl", {"user_prompt": "ok", "label": "1"}, {"label": "1"})
+        with pytest.raises(DatasetError, match=r"has 1 problem in 1 row;"):
+            load_dataset(path)
+
     def test_many_problems_are_capped(self, tmp_path: Path) -> None:
         """Only the first problems are listed, and the message says how many there are."""
         path = jsonl(tmp_path / "d.jsonl", *(["{oops"] * (MAX_REPORTED_ISSUES + 5)))
-        with pytest.raises(DatasetError, match=rf"has {MAX_REPORTED_ISSUES + 5} invalid") as caught:
+        with pytest.raises(
+            DatasetError, match=rf"has {MAX_REPORTED_ISSUES + 5} problems in"
+        ) as caught:
             load_dataset(path)
         assert len(caught.value.issues) == MAX_REPORTED_ISSUES
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from rollout_client import RolloutClient
 from rollout_client.eval import (
@@ -23,6 +25,7 @@ from rollout_client.eval import (
     read_journal,
     run_eval,
 )
+from rollout_client.eval._keys import EnvKey
 from rollout_client.eval._probe import capacity_from_health
 from rollout_types import RolloutResultResponse, RolloutSample
 
@@ -366,6 +369,35 @@ class TestStop:
         assert len(server.requests) == 2
         assert read_journal(report.run_dir / "events.jsonl") == []
         assert report.summary["items"]["pending"] == 5
+        assert report.summary["by_outcome"]["cancelled"] == 2
+        assert report.summary["by_outcome"]["not_started"] == 3
+        assert re.search(r"^  cancelled +2$", report.summary_text, re.MULTILINE)
+
+    async def test_the_stop_rule_counts_the_rollouts_it_cancelled(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Rollouts in flight when consecutive infrastructure failures stop the run count as
+        cancelled in the summary, not as not_started."""
+
+        async def behave(
+            request: dict[str, Any], cancelled: asyncio.Event
+        ) -> RolloutResultResponse:
+            if request["label"] in ("0", "1"):
+                raise aiohttp.ClientConnectionError("connection refused")
+            return await fakes.until_cancelled(request, cancelled)
+
+        server = fakes.FakeServer(behave)
+        async with asyncio.timeout(10):
+            report = await run_eval(
+                options(dataset, tmp_path, concurrency=3, max_consecutive_infra_failures=2),
+                stream=io.StringIO(),
+                client_factory=server.factory,
+            )
+        outcomes = report.summary["by_outcome"]
+        assert outcomes["infra_failure"] == 2
+        assert outcomes["cancelled"] == len(server.cancel_requests) > 0
+        assert outcomes["cancelled"] + outcomes["not_started"] == 3
+        assert report.summary["items"]["pending"] == 5
 
     async def test_a_stop_during_a_drain_cancels_what_is_collected(
         self, fakes: Any, dataset: Path, tmp_path: Path
@@ -448,6 +480,7 @@ class TestStop:
         assert report.exit_code == 130
         assert server.requests == []
         assert read_journal(report.run_dir / "events.jsonl") == []
+        assert report.summary["by_outcome"]["cancelled"] == 3  # the default concurrency
 
     async def test_item_deadline_cancels_and_records_infra_failure(
         self, fakes: Any, dataset: Path, tmp_path: Path
@@ -547,6 +580,125 @@ class TestServerChecks:
                 client_factory=factory,
             )
         assert server.requests == []
+
+
+def refusing_app(path: str, status: int) -> web.Application:
+    """An app that answers ``status`` (401, 403) to ``GET path``, as to a wrong key."""
+
+    async def refuse(_request: web.Request) -> web.Response:
+        return web.json_response({"detail": "invalid API key"}, status=status)
+
+    app = web.Application()
+    app.router.add_get(path, refuse)
+    return app
+
+
+class TestStartupChecks:
+    async def test_a_failed_server_check_creates_no_run_directory(
+        self, dataset: Path, tmp_path: Path
+    ) -> None:
+        """An unreachable server fails the run before anything is written, so the next
+        attempt (with the right URL) starts afresh with no "URL changed" warning."""
+        with pytest.raises(ServerUnavailableError):
+            await run_eval(options(dataset, tmp_path, name="r"), stream=io.StringIO())
+        assert not (tmp_path / "out").exists()
+
+    async def test_a_failed_check_of_fresh_keeps_the_previous_run(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """--fresh archives the previous run only once the servers answered."""
+        server = fakes.FakeServer(by_label({}))
+        first = await run_eval(
+            options(dataset, tmp_path, name="r"),
+            stream=io.StringIO(),
+            client_factory=server.factory,
+        )
+        with pytest.raises(ServerUnavailableError):
+            await run_eval(options(dataset, tmp_path, name="r", mode="fresh"), stream=io.StringIO())
+        assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["r"]
+        assert len(read_journal(first.run_dir / "events.jsonl")) == 5
+
+    async def test_a_finished_run_is_summarised_without_a_server(
+        self, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Re-running a run with nothing pending checks no server (it has nothing to run)."""
+        server = fakes.FakeServer(by_label({}))
+        await run_eval(
+            options(dataset, tmp_path, name="r"),
+            stream=io.StringIO(),
+            client_factory=server.factory,
+        )
+        again = await run_eval(options(dataset, tmp_path, name="r"), stream=io.StringIO())
+        assert again.exit_code == 0
+        assert again.summary["by_outcome"]["success"] == 5
+
+    @pytest.mark.parametrize("status", [401, 403])
+    async def test_a_rejected_server_key_names_its_variable(
+        self, aiohttp_server: Any, dataset: Path, tmp_path: Path, status: int
+    ) -> None:
+        """A key the rollout server refuses is reported as rejected, naming the variable
+        it came from (not as a missing key), and leaves no run directory."""
+        server = await aiohttp_server(refusing_app("/health", status), host="127.0.0.1")
+        url = str(server.make_url("")).rstrip("/")
+        key = EnvKey("wrong", env_name="ROLLOUT_KEY")
+        with pytest.raises(ServerUnavailableError) as caught:
+            await run_eval(
+                options(dataset, tmp_path, server_url=url, server_api_key=key),
+                stream=io.StringIO(),
+            )
+        message = str(caught.value)
+        assert f"the rollout server at {url} rejected the key in $ROLLOUT_KEY ({status})" in message
+        assert "requires an API key" not in message
+        assert not (tmp_path / "out").exists()
+
+    async def test_a_missing_server_key_asks_for_one(
+        self, aiohttp_server: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Without a key, a 401 says the server requires one and how to pass it."""
+        server = await aiohttp_server(refusing_app("/health", 401), host="127.0.0.1")
+        url = str(server.make_url("")).rstrip("/")
+        with pytest.raises(ServerUnavailableError, match=r"requires an API key \(401\); pass "):
+            await run_eval(options(dataset, tmp_path, server_url=url), stream=io.StringIO())
+
+    @pytest.mark.parametrize("status", [401, 403])
+    async def test_a_rejected_model_key_is_named_in_the_warning(
+        self, aiohttp_server: Any, fakes: Any, dataset: Path, tmp_path: Path, status: int
+    ) -> None:
+        """A chat endpoint that refuses the key on GET /models gets a warning naming the
+        status and the key's variable, not "did not list any model"."""
+        chat = await aiohttp_server(refusing_app("/v1/models", status), host="127.0.0.1")
+        server = fakes.FakeServer(by_label({}))
+        stream = io.StringIO()
+        await run_eval(
+            options(
+                dataset,
+                tmp_path,
+                chat_url=str(chat.make_url("/v1")),
+                llm_api_key=EnvKey("wrong", env_name="VLLM_API_KEY"),
+            ),
+            stream=stream,
+            client_factory=server.factory,
+        )
+        text = stream.getvalue()
+        assert (
+            f"/v1/models answered {status}: the model endpoint rejected the key in $VLLM_API_KEY"
+            in text
+        )
+        assert "did not list any model" not in text
+
+    async def test_a_model_endpoint_that_needs_a_key_says_so(
+        self, aiohttp_server: Any, fakes: Any, dataset: Path, tmp_path: Path
+    ) -> None:
+        """Without --llm-api-key-env, a 401 on GET /models says a key is needed and how."""
+        chat = await aiohttp_server(refusing_app("/v1/models", 401), host="127.0.0.1")
+        server = fakes.FakeServer(by_label({}))
+        stream = io.StringIO()
+        await run_eval(
+            options(dataset, tmp_path, chat_url=str(chat.make_url("/v1"))),
+            stream=stream,
+            client_factory=server.factory,
+        )
+        assert "needs an API key and none was given; pass --llm-api-key-env" in stream.getvalue()
 
 
 class TestClassify:

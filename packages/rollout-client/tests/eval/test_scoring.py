@@ -155,6 +155,7 @@ class TestResume:
             "failed": 0,
             "skipped": 1,
             "infra_failure": 0,
+            "cancelled": 0,
             "not_started": 0,
         }
         assert second.summary["items"]["scored"] == 2

@@ -43,6 +43,7 @@ class TestSummarize:
             "failed": 1,
             "skipped": 1,
             "infra_failure": 1,
+            "cancelled": 0,
             "not_started": 1,
         }
         assert summary["items"] == {"total": 6, "done": 4, "pending": 2, "scored": 3}

@@ -36,6 +36,7 @@ from .execution._workflow import (
 from .http._app import ROLLOUT_SERVER_KEY, create_rollout_server
 from .observability._observer import ExecutionObserver
 from .protocol._server import RolloutServer
+from .protocol._settings import ServerSettings
 from .protocol._shutdown import ShutdownTimeouts
 from .ray._backend import RayBackend
 
@@ -66,6 +67,7 @@ __all__ = [
     "SampleSource",
     "ServeTargetError",
     "ServerConfigError",
+    "ServerSettings",
     "ShutdownTimeouts",
     "WorkflowContext",
     "__version__",

@@ -58,6 +58,7 @@ from ._control import RunControl
 from ._errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EvalError, EvalInputError
 from ._failures import format_failures
 from ._journal import latest_by_item, read_journal
+from ._keys import EnvKey
 from ._options import DEFAULT_MAX_CONSECUTIVE_INFRA_FAILURES, DEFAULT_OUTPUT_DIR, EvalOptions
 from ._progress import PROGRESS_MODES, routed_logging
 from ._runner import run_eval
@@ -256,7 +257,7 @@ def _env_key(flag: str, name: str | None) -> str | None:
             f"environment variable {name} (named by {flag}) is not set or blank; export the key "
             f"in it, or drop {flag}"
         )
-    return value
+    return EnvKey(value, env_name=name)
 
 
 def options_from_args(args: argparse.Namespace) -> EvalOptions:

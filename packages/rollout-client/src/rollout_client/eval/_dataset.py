@@ -88,9 +88,11 @@ class _Issues:
         self.path = path
         self.items: list[RowIssue] = []
         self.count = 0
+        self.lines: set[int] = set()
 
     def add(self, line: int, field: str | None, message: str) -> None:
         self.count += 1
+        self.lines.add(line)
         if len(self.items) < MAX_REPORTED_ISSUES:
             self.items.append(RowIssue(path=self.path, line=line, field=field, message=message))
 
@@ -98,12 +100,18 @@ class _Issues:
         if not self.count:
             return
         more = self.count - len(self.items)
-        noun = "problem" if self.count == 1 else "problems"
-        message = f"dataset {self.path} has {self.count} invalid {noun}"
+        message = (
+            f"dataset {self.path} has {_plural(self.count, 'problem')} in "
+            f"{_plural(len(self.lines), 'row')}"
+        )
         if more:
             message += f" (the first {len(self.items)} are listed)"
         message += "; fix these rows (see `rollout-eval run --help` for the row format):"
         raise DatasetError(message, self.items)
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def load_dataset(path: str | Path) -> Dataset:

@@ -73,6 +73,8 @@ class Recorder:
     max_consecutive_infra_failures: int
     consecutive_infra: int = attrs.field(default=0, init=False)
     """Infrastructure failures in a row so far (the stop rule's count)."""
+    recorded_items: set[Item] = attrs.field(factory=set, init=False)
+    """The items this run appended a journal record for."""
 
     def record(
         self,
@@ -108,6 +110,7 @@ class Recorder:
             latency_sec=latency_sec,
         )
         self.journal.append(record)
+        self.recorded_items.add(item)
         if result is not None and result.sample is not None:
             self._write_sample(record, result)
         passed = passes(outcome, classified.reward, self.pass_threshold)

@@ -4,10 +4,11 @@
 :func:`run_eval` does what ``rollout-eval run`` does:
 
 1. Validate the dataset and the options (before any network access or file change).
-2. Open (or create, or with ``fresh`` archive and re-create) ``OUTPUT/NAME/``: refuse to
+2. Ask the chat endpoint which models it serves, and, when items are to run, each
+   server's ``/health`` for its capacity; their sum is the default concurrency
+   (:mod:`._probe`). A check that fails leaves no file behind.
+3. Open (or create, or with ``fresh`` archive and re-create) ``OUTPUT/NAME/``: refuse to
    resume when the inputs changed (:mod:`._rundir`, :mod:`._manifest`).
-3. Ask each server's ``/health`` for its capacity; their sum is the default concurrency
-   (:mod:`._probe`).
 4. Run the pending work items (:mod:`._scheduler`), at most ``concurrency`` in flight,
    appending every terminal outcome to the journal (:mod:`._recorder`; what each ending
    means is in :mod:`._outcomes`).
@@ -33,7 +34,7 @@ from ._client_seam import ClientFactory, RunClient, default_client_factory
 from ._control import RunControl
 from ._dataset import Dataset, load_dataset, parse_row_selection
 from ._errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK
-from ._journal import DONE_OUTCOMES, Journal, JournalRecord, latest_by_item
+from ._journal import DONE_OUTCOMES, Journal, JournalRecord, latest_by_item, read_journal
 from ._manifest import format_rows
 from ._options import EvalOptions
 from ._probe import choose_concurrency, fetch_chat_models, probe_servers
@@ -41,13 +42,14 @@ from ._progress import Progress, ProgressLogHandler, routed_logging
 from ._recorder import Recorder, preload_progress
 from ._rundir import (
     JOURNAL_FILE,
+    MANIFEST_FILE,
     SAMPLES_FILE,
     SUMMARY_FILE,
     prepare_run_dir,
     run_manifest,
 )
 from ._scheduler import Scheduler
-from ._summary import format_summary, summarize, write_summary
+from ._summary import build_summary, format_summary, write_summary
 
 __all__ = ["EvalReport", "run_eval"]
 
@@ -137,13 +139,14 @@ async def _run_eval(
         else tuple(range(len(dataset.rows)))
     )
     items = [(row, run) for row in selected for run in range(options.n)]
-    chat_models = await fetch_chat_models(options.chat_url, options.llm_api_key)
-    if chat_models is None:
-        stream.write(
-            f"rollout-eval: warning: GET {options.chat_url.rstrip('/')}/models did not list any "
-            "model; if the rollout server cannot reach --chat-url either, every rollout will "
-            "fail\n"
-        )
+    lookup = await fetch_chat_models(options.chat_url, options.llm_api_key)
+    warning = lookup.warning(options.chat_url, options.llm_api_key)
+    if warning is not None:
+        stream.write(f"rollout-eval: warning: {warning}\n")
+    chat_models = lookup.models
+    # The start-up checks come before any file is written: a run that cannot start leaves
+    # nothing behind (no run directory whose manifest the next attempt would compare with).
+    healths = await probe_servers(factory, options) if _may_have_pending(options, items) else None
     manifest = run_manifest(options, dataset, selected, chat_models)
     run_dir, warnings = prepare_run_dir(options, manifest, stream)
     for warning in warnings:
@@ -175,8 +178,9 @@ async def _run_eval(
                 f"rollout-eval: resuming run {options.run_name!r}: {len(done_before)} of "
                 f"{len(items)} items done, {len(pending)} to run\n"
             )
+        cancelled: frozenset[tuple[int, int]] = frozenset()
         if pending:
-            concurrency = await _run_pending(
+            concurrency, cancelled = await _run_pending(
                 options=options,
                 dataset=dataset,
                 journal=journal,
@@ -185,13 +189,19 @@ async def _run_eval(
                 factory=factory,
                 pending=pending,
                 run_dir=run_dir,
+                healths=healths,
             )
             run_info["concurrency"] = concurrency
             progress.close()
         records = list(journal.records)
     run_info["stopped"] = control.reason
-    summary = summarize(
-        records, items=items, n=options.n, pass_threshold=options.pass_threshold, run=run_info
+    summary = build_summary(
+        records,
+        items=items,
+        n=options.n,
+        pass_threshold=options.pass_threshold,
+        run=run_info,
+        cancelled=cancelled,
     )
     text = _write_reports(run_dir, summary)
     if control.interrupted:
@@ -212,6 +222,26 @@ async def _run_eval(
 
 def _pending(record: JournalRecord | None) -> bool:
     return record is None or record.outcome not in DONE_OUTCOMES
+
+
+def _may_have_pending(options: EvalOptions, items: list[tuple[int, int]]) -> bool:
+    """Whether the run will start rollouts, read before the run directory is touched (the
+    journal is read again, under its lock, once the run is opened).
+
+    False only when the run exists and its journal has every item done, or when
+    ``--resume`` names no run (opening it then fails with the clearer message).
+    """
+    run_dir = options.output / options.run_name
+    journal = run_dir / JOURNAL_FILE
+    exists = (run_dir / MANIFEST_FILE).exists() or journal.exists()
+    if options.mode == "fresh":
+        return True
+    if not exists:
+        return options.mode != "resume"
+    if not journal.exists():
+        return True
+    latest = latest_by_item(read_journal(journal))
+    return any(_pending(latest.get(item)) for item in items)
 
 
 def _closing_line(summary: dict[str, Any], control: RunControl) -> str | None:
@@ -246,10 +276,13 @@ async def _run_pending(
     factory: ClientFactory,
     pending: list[tuple[int, int]],
     run_dir: Path,
-) -> int:
-    """Probe the servers, then schedule the pending items; return the concurrency used."""
+    healths: list[dict[str, Any]] | None,
+) -> tuple[int, frozenset[tuple[int, int]]]:
+    """Schedule the pending items (probing the servers first unless ``healths`` holds their
+    ``/health`` answers); return the concurrency used and the items the run cancelled."""
     urls = options.server_urls
-    healths = await probe_servers(factory, options)
+    if healths is None:
+        healths = await probe_servers(factory, options)
     for url, health in zip(urls, healths, strict=True):
         if not isinstance(health.get("process_id"), str):
             progress.message(
@@ -301,4 +334,4 @@ async def _run_pending(
             await scheduler.close()
         finally:
             await client.aclose()
-    return concurrency
+    return concurrency, scheduler.cancelled_items()

@@ -85,6 +85,13 @@ class Scheduler:
         self._cancel_client: RunClient | None = None
         self._cancel_tasks: set[asyncio.Task[None]] = set()
         self._cancel_failures: list[Exception] = []
+        self._in_flight_at_stop: set[Item] = set()
+
+    def cancelled_items(self) -> frozenset[Item]:
+        """The items in flight when the run stopped that ended without a journal record
+        (cancelled on the server, or their admission abandoned): pending, and counted as
+        ``cancelled`` in the summary."""
+        return frozenset(self._in_flight_at_stop - self.recorder.recorded_items)
 
     # -- one item -------------------------------------------------------------------
 
@@ -288,6 +295,7 @@ class Scheduler:
         """Say why the run stops, cancel the in-flight rollouts and let the workers settle."""
         if self.control.reason:
             self.progress.message(f"rollout-eval: {self.control.reason}")
+        self._in_flight_at_stop = {flight.item for flight in self.flights.values()}
         if self.flights:
             self.progress.message(
                 f"rollout-eval: cancelling {len(self.flights)} in-flight rollouts on the "

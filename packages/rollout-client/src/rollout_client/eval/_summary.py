@@ -6,6 +6,9 @@ resumed run and an uninterrupted run over the same results produce the same summ
 Scoring rules:
 
 * an item's state is the ``outcome`` of its last journal record, or ``not_started``;
+  an item this run cancelled when it stopped (Ctrl-C, the stop rule) is ``cancelled``
+  instead (it is pending: cancelled rollouts are not journaled, and the next run starts
+  it again); ``summarize`` alone, which knows only the journal, never reports one;
   ``by_status`` counts the server's terminal status of that record (``no_result`` when
   the client never received one: transport or protocol errors, timeouts);
 * *scored* items are ``success`` and ``failed``; a failed rollout (an agent or model
@@ -25,7 +28,7 @@ import math
 import os
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -34,6 +37,7 @@ from ._journal import JournalRecord, latest_by_item, utc_now
 
 __all__ = [
     "SUMMARY_FORMAT",
+    "build_summary",
     "format_summary",
     "pass_at_k",
     "percentile",
@@ -44,7 +48,7 @@ __all__ = [
 SUMMARY_FORMAT: Final = 1
 """Version of the ``summary.json`` layout."""
 
-STATES: Final = ("success", "failed", "skipped", "infra_failure", "not_started")
+STATES: Final = ("success", "failed", "skipped", "infra_failure", "cancelled", "not_started")
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -112,6 +116,23 @@ def summarize(
     Returns:
         The JSON-ready summary (the content of ``summary.json``).
     """
+    return build_summary(
+        records, items=items, n=n, pass_threshold=pass_threshold, run=run, cancelled=()
+    )
+
+
+def build_summary(
+    records: Iterable[JournalRecord],
+    *,
+    items: Sequence[tuple[int, int]],
+    n: int,
+    pass_threshold: float,
+    run: Mapping[str, Any] | None,
+    cancelled: Collection[tuple[int, int]],
+) -> dict[str, Any]:
+    """:func:`summarize`, with the items the run cancelled as it stopped counted as
+    ``cancelled`` (whatever an earlier run journaled for them), not by their journal state.
+    """
     all_records = list(records)
     wanted = set(items)
     latest = {item: rec for item, rec in latest_by_item(all_records).items() if item in wanted}
@@ -123,8 +144,12 @@ def summarize(
     latencies: list[float] = []
     per_row: dict[int, list[bool]] = {}
     passes = 0
+    cancelled_set = set(cancelled)
     for item in items:
         record = latest.get(item)
+        if item in cancelled_set:
+            states["cancelled"] += 1
+            continue
         if record is None:
             states["not_started"] += 1
             continue
@@ -148,7 +173,7 @@ def summarize(
     infra_attempts = sum(
         1 for rec in all_records if rec.outcome == "infra_failure" and rec.item in wanted
     )
-    pending = states["infra_failure"] + states["not_started"]
+    pending = states["infra_failure"] + states["cancelled"] + states["not_started"]
     summary: dict[str, Any] = {
         "format": SUMMARY_FORMAT,
         "generated_at": utc_now(),
@@ -163,7 +188,9 @@ def summarize(
         "by_outcome": dict(states),
         "by_status": dict(sorted(by_status.items())),
         "by_err_category": dict(sorted(by_category.items())),
-        "err_messages": common_err_messages(latest[item] for item in items if item in latest),
+        "err_messages": common_err_messages(
+            latest[item] for item in items if item in latest and item not in cancelled_set
+        ),
         "reward": {
             "count": len(scored),
             "mean": _rounded(statistics.fmean(scored)) if scored else None,

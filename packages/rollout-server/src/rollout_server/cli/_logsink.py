@@ -1,4 +1,5 @@
-"""``TurnBufferedStreamHandler``: the ``rollout-server`` command's log handler.
+"""The ``rollout-server`` command's logging: :func:`configure_logging` and its handler,
+``TurnBufferedStreamHandler``.
 
 A plain :class:`logging.StreamHandler` on stderr makes one ``write`` system call per record
 (stderr is line-buffered), which at hundreds of rollouts per second is a sizeable share of
@@ -12,9 +13,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TextIO
+import sys
+from typing import Final, TextIO
 
-__all__ = ["TurnBufferedStreamHandler"]
+from ..observability._jsonlog import JsonFormatter
+
+__all__ = ["LOG_FORMAT", "TurnBufferedStreamHandler", "configure_logging"]
+
+LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""The line format of ``--log-format text``."""
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    """Log to stderr at ``level``, as ``text`` (:data:`LOG_FORMAT`) or ``json`` lines
+    (:class:`~rollout_server.observability._jsonlog.JsonFormatter`), unless the root logger
+    has handlers already (then only its level is set)."""
+    if logging.getLogger().handlers:
+        logging.getLogger().setLevel(level)
+        return
+    # One write per event-loop turn, not per line (a line per rollout at INFO).
+    handler = TurnBufferedStreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(LOG_FORMAT))
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 class TurnBufferedStreamHandler(logging.StreamHandler[TextIO]):

@@ -1,11 +1,12 @@
-"""Every private attribute of aiohttp the server touches, in one place.
+"""Every private attribute of aiohttp the server touches, and every undocumented method it
+overrides, in one place.
 
-aiohttp does not promise these; ``tests/test_aiohttp_private.py`` checks each of them on a
-real connection, so an aiohttp release that drops or renames one fails the tests loudly
-rather than quietly losing what the attribute buys. At run time a missing attribute is a
-no-op: the server stays correct, only larger (the keep-alive timer), or without its own
-connection handler (:func:`install_request_handler`: aiohttp's plain 400s and no header
-read timeout).
+aiohttp does not promise these; ``tests/test_aiohttp_private.py`` checks each attribute on a
+real connection and each overridden method's signature, so an aiohttp release that drops,
+renames or reshapes one fails the tests loudly rather than quietly losing what it buys. At
+run time a missing attribute is a no-op: the server stays correct, only larger (the
+keep-alive timer), or without its own connection handler (:func:`install_request_handler`:
+aiohttp's plain 400s and no header read timeout).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from aiohttp import StreamReader, web
 __all__ = [
     "KEEPALIVE_HANDLE",
     "MAKE_HANDLER",
+    "OVERRIDDEN_METHODS",
     "PARSED_MESSAGES",
     "PRIVATE_ATTRIBUTES",
     "SERVER_HANDLER_KWARGS",
@@ -56,6 +58,19 @@ PRIVATE_ATTRIBUTES: Final = {
     "Application": (MAKE_HANDLER,),
 }
 """The private attributes used here, by the aiohttp class that holds them."""
+
+OVERRIDDEN_METHODS: Final = {
+    "handle_error": "(request, status=500, exc=None, message=None)",
+    "finish_response": "(request, resp, start_time)",
+    "log_exception": "(*args, **kw)",
+}
+"""The undocumented methods of ``web.RequestHandler`` that
+:class:`~rollout_server.http._connection.GuardedRequestHandler` overrides, each with the
+parameters (after ``self``, annotations left out) aiohttp calls it with. aiohttp's own
+connection code calls them, so a release that renames one would silently bypass the override
+(JSON 400s, closing on an unread body, throttled peer errors) and one that changes the
+parameters would break it. The other two overrides, ``data_received`` and
+``connection_lost``, are :class:`asyncio.Protocol`'s documented API."""
 
 HandlerFactory = Callable[..., web.RequestHandler]
 """Builds a connection's protocol: called as ``factory(server, loop=loop, **kwargs)``, the

@@ -26,18 +26,19 @@ from rollout_types import (
     DEFAULT_RESULT_RETENTION_SEC,
     DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
     check_api_key,
-    check_seconds,
 )
 
 from .._errors import ServerConfigError
 from ..execution._backend import ExecutionBackend
 from ..observability._tracing import ServerTracing, default_tracer_provider
-from ..protocol._server import (
+from ..protocol._server import RolloutServer
+from ..protocol._settings import (
     DEFAULT_BODY_READ_TIMEOUT_SEC,
     DEFAULT_HEADER_READ_TIMEOUT_SEC,
     DEFAULT_KEEPALIVE_TIMEOUT_SEC,
     DEFAULT_MAX_BODY_BYTES,
-    RolloutServer,
+    ServerSettings,
+    resolve_settings,
 )
 from ..protocol._shutdown import ShutdownTimeouts
 from ..state._store import MEMORY
@@ -79,10 +80,6 @@ async def _on_shutdown(app: web.Application) -> None:
     server.registry.close()
 
 
-def _check_seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
-    return check_seconds(name, value, allow_zero=allow_zero, error=ServerConfigError)
-
-
 def create_rollout_server(
     *,
     backend: ExecutionBackend,
@@ -99,6 +96,7 @@ def create_rollout_server(
     body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
     metrics: bool = True,
     tracer_provider: Any = None,
+    settings: ServerSettings | None = None,
     state: str = MEMORY,
 ) -> web.Application:
     """Build the rollout protocol server as an aiohttp application.
@@ -142,6 +140,9 @@ def create_rollout_server(
             is set, else one configured from the ``OTEL_*`` environment variables (or
             ``OSMOSIS_ROLLOUT_OTLP_ENDPOINT``) when they ask for an exporter, else no
             tracing at all.
+        settings: All the settings above at once (``api_key`` and ``tracer_provider``
+            are not settings); default None: built from the keywords. When given, leave
+            the setting keywords at their defaults.
         state: Where admissions and results are kept, so that a restart loses nothing:
             ``"memory:"`` (default: nothing survives the process) or
             ``"sqlite:///ABS/PATH.db"`` (a SQLite file: an admission is answered 202 and a
@@ -155,8 +156,10 @@ def create_rollout_server(
         The application; its :class:`RolloutServer` is ``app[ROLLOUT_SERVER_KEY]``.
 
     Raises:
-        ServerConfigError: (a ``ValueError``) If an argument is out of range.
-        TypeError: If ``backend`` is not an :class:`ExecutionBackend`.
+        ServerConfigError: (a ``ValueError``) If an argument is out of range, or
+            ``settings`` and a setting's keyword are both given.
+        TypeError: If ``backend`` is not an :class:`ExecutionBackend`, ``settings`` not a
+            :class:`ServerSettings` or ``shutdown_timeouts`` not a :class:`ShutdownTimeouts`.
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2
@@ -164,65 +167,53 @@ def create_rollout_server(
        ``tracer_provider``; request lines (and so result URLs) are limited to 8190 bytes,
        and longer ids are refused at admission.
     .. versionchanged:: 0.3
-       ``state``.
+       ``settings`` and ``state``.
     """
     if not isinstance(backend, ExecutionBackend):
         raise TypeError(
             "backend must be an instance of rollout_server.ExecutionBackend (subclass it and "
             f"implement execute()); got {type(backend).__name__}"
         )
-    wait = _check_seconds("result_wait_timeout_sec", result_wait_timeout_sec)
-    lease = _check_seconds("polling_lease_timeout_sec", polling_lease_timeout_sec)
-    if not lease > wait:
-        raise ServerConfigError(
-            f"polling_lease_timeout_sec ({lease}) must be greater than result_wait_timeout_sec "
-            f"({wait}), so a client that re-polls promptly never loses its lease"
-        )
-    retention = _check_seconds("result_retention_sec", result_retention_sec, allow_zero=True)
-    keepalive = _check_seconds("keepalive_timeout_sec", keepalive_timeout_sec)
-    grace = _check_seconds("status_change_grace_sec", status_change_grace_sec, allow_zero=True)
-    header_sec = _check_seconds("header_read_timeout_sec", header_read_timeout_sec)
-    body_sec = _check_seconds("body_read_timeout_sec", body_read_timeout_sec)
-    body_limit: object = max_body_bytes
-    if isinstance(body_limit, bool) or not isinstance(body_limit, int) or body_limit < 1:
-        raise ServerConfigError(f"max_body_bytes must be a positive int; got {max_body_bytes!r}")
+    settings = resolve_settings(
+        settings,
+        {
+            "result_wait_timeout_sec": result_wait_timeout_sec,
+            "polling_lease_timeout_sec": polling_lease_timeout_sec,
+            "result_retention_sec": result_retention_sec,
+            "max_body_bytes": max_body_bytes,
+            "keepalive_timeout_sec": keepalive_timeout_sec,
+            "access_log": access_log,
+            "shutdown_timeouts": shutdown_timeouts,
+            "status_change_grace_sec": status_change_grace_sec,
+            "header_read_timeout_sec": header_read_timeout_sec,
+            "body_read_timeout_sec": body_read_timeout_sec,
+            "metrics": metrics,
+            "state": state,
+        },
+    )
     check_api_key(api_key, error=ServerConfigError)
-    timeouts = ShutdownTimeouts() if shutdown_timeouts is None else shutdown_timeouts
-    if not isinstance(timeouts, ShutdownTimeouts):
-        raise TypeError(
-            f"shutdown_timeouts must be a ShutdownTimeouts; got {type(timeouts).__name__}"
-        )
 
     provider = default_tracer_provider() if tracer_provider is None else tracer_provider
     server = RolloutServer(
         backend=backend,
-        result_wait_timeout_sec=wait,
-        polling_lease_timeout_sec=lease,
-        result_retention_sec=retention,
-        max_body_bytes=max_body_bytes,
-        shutdown_timeouts=timeouts,
-        keepalive_timeout_sec=keepalive,
-        header_read_timeout_sec=header_sec,
-        body_read_timeout_sec=body_sec,
+        settings=settings,
         requires_auth=api_key is not None,
-        access_log=bool(access_log),
-        status_change_grace_sec=grace,
-        metrics=bool(metrics),
         tracing=None if provider is None else ServerTracing(provider),
-        state=state,
     )
     app = web.Application(
         middlewares=[make_protocol_middleware(api_key)],
-        client_max_size=max_body_bytes,
+        client_max_size=settings.max_body_bytes,
         handler_args={
-            "keepalive_timeout": keepalive,
-            "access_log": logging.getLogger("rollout_server.access") if access_log else None,
+            "keepalive_timeout": settings.keepalive_timeout_sec,
+            "access_log": (
+                logging.getLogger("rollout_server.access") if settings.access_log else None
+            ),
             "max_line_size": MAX_REQUEST_LINE_BYTES,
             "max_field_size": MAX_REQUEST_LINE_BYTES,
         },
     )
     guard = ConnectionGuard(
-        header_read_timeout_sec=header_sec,
+        header_read_timeout_sec=settings.header_read_timeout_sec,
         max_line_bytes=MAX_REQUEST_LINE_BYTES,
         on_refused=None if server.metrics is None else server.metrics.http_refused,
     )

@@ -1,7 +1,8 @@
 """The rollout protocol without HTTP: :class:`~rollout_server.RolloutServer` (admission,
-leases, polls, cancellation, health), the execution task that runs a backend for one admitted
-rollout and publishes its result, the cancellation policy, the staged shutdown, the
-recovery of a restart on durable state, and the Prometheus metrics that observe all of it.
+leases, polls, cancellation, health) and its :class:`~rollout_server.ServerSettings`, the
+execution task that runs a backend for one admitted rollout and publishes its result, the
+cancellation policy, the staged shutdown, the recovery of a restart on durable state, and
+the Prometheus metrics that observe all of it.
 
 It joins the two layers below it, ``state`` (what the server knows about each rollout) and
 ``execution`` (the backend interface and its implementations), which never import each other.

@@ -44,20 +44,23 @@ from ..observability._tracing import ServerTracing
 from ..state._durability import StoreLink
 from ..state._record import RolloutRecord
 from ..state._registry import PublicationObserver, RolloutRegistry
-from ..state._store import MEMORY, StateLocation, StateStore, parse_state_url, store_for
+from ..state._store import StateStore, parse_state_url, store_for
 from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._cancellation import Cancellation
 from ._execution import StatusSink, execution_result, start_execution
 from ._metrics import ServerMetrics
 from ._recovery import Recovery, health_fields, recover
-from ._shutdown import ShutdownTimeouts, run_staged_shutdown
+from ._settings import (
+    DEFAULT_BODY_READ_TIMEOUT_SEC,
+    DEFAULT_HEADER_READ_TIMEOUT_SEC,
+    DEFAULT_KEEPALIVE_TIMEOUT_SEC,
+    ServerSettings,
+    resolve_settings,
+)
+from ._shutdown import DeliveryWatch, ShutdownTimeouts, run_staged_shutdown
 from ._turns import AdmissionTurns
 
 __all__ = [
-    "DEFAULT_BODY_READ_TIMEOUT_SEC",
-    "DEFAULT_HEADER_READ_TIMEOUT_SEC",
-    "DEFAULT_KEEPALIVE_TIMEOUT_SEC",
-    "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_RETRY_AFTER_SEC",
     "INSTANCE_ID_ENV_VARS",
     "Refusal",
@@ -65,21 +68,6 @@ __all__ = [
 ]
 
 logger: Final = get_logger("rollout_server.app")
-
-DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
-"""Default limit on a request body, in bytes (64 MiB; aiohttp's own default is 1 MiB)."""
-
-DEFAULT_KEEPALIVE_TIMEOUT_SEC: Final = 2160.0
-"""Default HTTP keep-alive, in seconds: longer than common load-balancer idle timeouts
-(2100 s and less), so a gateway never reuses a connection the server is closing."""
-
-DEFAULT_HEADER_READ_TIMEOUT_SEC: Final = 30.0
-"""Default bound, in seconds, on receiving a request's headers once its first bytes have
-arrived (an idle keep-alive connection is not timed)."""
-
-DEFAULT_BODY_READ_TIMEOUT_SEC: Final = 60.0
-"""Default bound, in seconds, on receiving a request body once its headers have arrived
-(64 MiB, the default body limit, at about 1.1 MB/s)."""
 
 DEFAULT_RETRY_AFTER_SEC: Final = 5.0
 """The ``Retry-After`` hint (seconds) when the backend's own fails (osmosis-ai's default)."""
@@ -126,22 +114,15 @@ class RolloutServer:
         process_id: A UUID4, new for every server instance (``/health`` ``process_id``).
         instance_id: ``$ROLLOUT_INSTANCE_ID``, else ``$_OSMOSIS_ROLLOUT_INSTANCE_ID``, else
             ``process_id``.
-        result_wait_timeout_sec: Long-poll wait, seconds.
-        polling_lease_timeout_sec: Polling lease, seconds.
-        result_retention_sec: Retention of a published result, seconds.
-        max_body_bytes: Largest accepted request body, bytes.
-        keepalive_timeout_sec: HTTP keep-alive of idle connections, seconds.
-        header_read_timeout_sec: Bound on receiving a request's headers, seconds.
-        body_read_timeout_sec: Bound on receiving a request body, seconds.
+        settings: The server's :class:`~rollout_server.ServerSettings`; each of its
+            fields but ``metrics`` is also an attribute of the same name (the 0.1 API).
         requires_auth: Whether requests must carry the API key.
-        access_log: Whether one line per request is logged to ``rollout_server.access``.
-        status_change_grace_sec: How long a long poll goes on waiting after a non-terminal
-            status change, for a result that may follow, seconds (put off while the event
-            loop is saturated).
-        shutdown_timeouts: Bounds of the staged shutdown.
         metrics: The Prometheus metrics (``GET /metrics``), or None when turned off.
         tracing: The OpenTelemetry spans of the server, or None when it does not trace.
-        state: Where admissions and results are kept (``memory:`` or ``sqlite:///...``).
+        deliveries: Told of every first delivery of a result; the shutdown's collect
+            window waits on it.
+        state: Where admissions and results are kept (``memory:`` or ``sqlite:///...``,
+            the setting of the same name).
         recovery: What the last start recovered from :attr:`state`.
     """
 
@@ -149,11 +130,11 @@ class RolloutServer:
         self,
         *,
         backend: ExecutionBackend,
-        result_wait_timeout_sec: float,
-        polling_lease_timeout_sec: float,
-        result_retention_sec: float,
-        max_body_bytes: int,
-        shutdown_timeouts: ShutdownTimeouts,
+        result_wait_timeout_sec: float | None = None,
+        polling_lease_timeout_sec: float | None = None,
+        result_retention_sec: float | None = None,
+        max_body_bytes: int | None = None,
+        shutdown_timeouts: ShutdownTimeouts | None = None,
         keepalive_timeout_sec: float = DEFAULT_KEEPALIVE_TIMEOUT_SEC,
         header_read_timeout_sec: float = DEFAULT_HEADER_READ_TIMEOUT_SEC,
         body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
@@ -162,33 +143,65 @@ class RolloutServer:
         status_change_grace_sec: float = DEFAULT_STATUS_CHANGE_GRACE_SEC,
         metrics: bool = True,
         tracing: ServerTracing | None = None,
-        state: str = MEMORY,
+        settings: ServerSettings | None = None,
+        state: str | None = None,
     ) -> None:
+        """Build the server from ``settings``, or from the keyword of each setting (None,
+        or a field's default, is "not given"; see :class:`~rollout_server.ServerSettings`
+        for each one's meaning, default and range).
+
+        Raises:
+            ServerConfigError: If a setting is out of range, or ``settings`` and a setting's
+                keyword are both given.
+
+        .. versionchanged:: 0.3
+           ``settings`` and ``state``; the settings are validated here too.
+        """
+        settings = resolve_settings(
+            settings,
+            {
+                "result_wait_timeout_sec": result_wait_timeout_sec,
+                "polling_lease_timeout_sec": polling_lease_timeout_sec,
+                "result_retention_sec": result_retention_sec,
+                "max_body_bytes": max_body_bytes,
+                "shutdown_timeouts": shutdown_timeouts,
+                "keepalive_timeout_sec": keepalive_timeout_sec,
+                "header_read_timeout_sec": header_read_timeout_sec,
+                "body_read_timeout_sec": body_read_timeout_sec,
+                "access_log": access_log,
+                "status_change_grace_sec": status_change_grace_sec,
+                "metrics": metrics,
+                "state": state,
+            },
+        )
         self.backend = backend
-        self.result_wait_timeout_sec = result_wait_timeout_sec
-        self.polling_lease_timeout_sec = polling_lease_timeout_sec
-        self.result_retention_sec = result_retention_sec
-        self.max_body_bytes = max_body_bytes
-        self.shutdown_timeouts = shutdown_timeouts
-        self.keepalive_timeout_sec = keepalive_timeout_sec
-        self.header_read_timeout_sec = header_read_timeout_sec
-        self.body_read_timeout_sec = body_read_timeout_sec
+        self.settings = settings
+        self.result_wait_timeout_sec = settings.result_wait_timeout_sec
+        self.polling_lease_timeout_sec = settings.polling_lease_timeout_sec
+        self.result_retention_sec = settings.result_retention_sec
+        self.max_body_bytes = settings.max_body_bytes
+        self.shutdown_timeouts = settings.shutdown_timeouts
+        self.keepalive_timeout_sec = settings.keepalive_timeout_sec
+        self.header_read_timeout_sec = settings.header_read_timeout_sec
+        self.body_read_timeout_sec = settings.body_read_timeout_sec
         self.requires_auth = requires_auth
-        self.access_log = access_log
-        self.status_change_grace_sec = status_change_grace_sec
+        self.access_log = settings.access_log
+        self.status_change_grace_sec = settings.status_change_grace_sec
         self.process_id = str(uuid.uuid4())
         self.instance_id = _instance_id_from_env() or self.process_id
-        self.metrics = ServerMetrics(self) if metrics else None
+        self.metrics = ServerMetrics(self) if settings.metrics else None
         self.tracing = tracing
+        self.deliveries = DeliveryWatch()
         observers: list[PublicationObserver] = [
             observer for observer in (self.metrics, tracing) if observer is not None
         ]
+        observers.append(self.deliveries)
         self.registry = RolloutRegistry(
-            polling_lease_timeout_sec=polling_lease_timeout_sec,
-            result_retention_sec=result_retention_sec,
+            polling_lease_timeout_sec=settings.polling_lease_timeout_sec,
+            result_retention_sec=settings.result_retention_sec,
             on_lease_expired=self._on_lease_expired,
             outcome_of=execution_result,
-            status_change_grace_sec=status_change_grace_sec,
+            status_change_grace_sec=settings.status_change_grace_sec,
             observers=observers,
         )
         self._cancellation = Cancellation(
@@ -208,8 +221,8 @@ class RolloutServer:
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self._drain_task: asyncio.Task[None] | None = None
         self._hurry: asyncio.Future[None] | None = None
-        self.state: StateLocation = parse_state_url(state)
-        self._store: StateStore = store_for(self.state)
+        self.state = settings.state
+        self._store: StateStore = store_for(parse_state_url(settings.state))
         self.recovery = Recovery()
 
     # -- durable state --------------------------------------------------------------------

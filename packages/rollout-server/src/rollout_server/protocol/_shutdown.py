@@ -15,7 +15,10 @@ ends at once on ``hurry``: a second signal):
 6. publish ``cancelled`` for any rollout still without a result (its task ignored every
    cancellation), then give pollers up to ``collect_sec`` to collect every result not yet
    delivered, those published before shutdown began included (it ends early once each
-   has been delivered at least once);
+   has been delivered at least once). Results of rollouts a client cancelled itself
+   (``POST /rollout/cancel`` before the shutdown's own cancellation in stage 3) are not
+   waited for: their caller asked for no result. With nothing else to collect, there is
+   no window at all;
 7. close the registry: timers stop and waiting long polls answer at once.
 
 Only after that does the ``rollout-server`` command stop listening.
@@ -32,16 +35,18 @@ from typing import Any, Final, Protocol
 
 import attrs
 
-from rollout_types import CancelDisposition, check_seconds
+from rollout_types import CancelDisposition, RolloutErrorCategory, RolloutStatus, check_seconds
 
 from .._errors import ServerConfigError
 from .._logtext import get_logger, log_list
 from ..execution._backend import ExecutionBackend
+from ..state._record import RolloutRecord
 from ..state._registry import RolloutRegistry
 
 __all__ = [
     "HURRIED_BACKEND_SHUTDOWN_SEC",
     "MAX_LOGGED_IDS",
+    "DeliveryWatch",
     "ShutdownTarget",
     "ShutdownTimeouts",
     "run_staged_shutdown",
@@ -88,12 +93,60 @@ class ShutdownTimeouts:
     collect_sec: float = attrs.field(default=5.0, validator=_non_negative_finite)
 
 
+class DeliveryWatch:
+    """Tells the collect window when the results it waits for have each been delivered.
+
+    One of the registry's publication observers (the server registers it): outside the
+    collect window it does nothing; during it, each first delivery of a watched result
+    counts, and the future from :meth:`watch` is done once none is left.
+    """
+
+    __slots__ = ("_done", "_owed")
+
+    def __init__(self) -> None:
+        self._owed: set[RolloutRecord] = set()
+        self._done: asyncio.Future[None] | None = None
+
+    def watch(
+        self, records: list[RolloutRecord], loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[None]:
+        """A future done once each of ``records`` (published, not yet delivered) has been
+        delivered; it replaces any earlier watch."""
+        self._owed = set(records)
+        self._done = done = loop.create_future()
+        if not self._owed:
+            done.set_result(None)
+        return done
+
+    def published(
+        self,
+        record: RolloutRecord,
+        status: RolloutStatus,
+        category: RolloutErrorCategory | None,
+    ) -> None:
+        """Nothing to do: only deliveries count."""
+
+    def delivered(self, record: RolloutRecord) -> None:
+        """``record``'s result has been delivered for the first time."""
+        owed = self._owed
+        if owed and record in owed:
+            owed.discard(record)
+            done = self._done
+            if not owed and done is not None and not done.done():
+                done.set_result(None)
+
+
 class ShutdownTarget(Protocol):
     """What the staged shutdown needs of the server it stops."""
 
     @property
     def registry(self) -> RolloutRegistry:
         """The rollouts (active executions, results to collect)."""
+        ...
+
+    @property
+    def deliveries(self) -> DeliveryWatch:
+        """Told of every first delivery of a result (a publication observer)."""
         ...
 
     @property
@@ -148,8 +201,11 @@ async def run_staged_shutdown(
     if active:
         logger.info("Draining %d in-flight rollout(s)", active)
         await _wait_first(registry.idle_future(), hurry, timeouts.drain_sec)
+    requested: set[str] | None = None
     active = registry.active
     if active:
+        # Taken before the shutdown's own cancellation records dispositions of its own.
+        requested = _cancelled_by_request(registry)
         logger.info("Cancelling %d rollout(s) still running after the drain", active)
         loop = asyncio.get_running_loop()
         cleanup_end = loop.time() + timeouts.cleanup_sec
@@ -187,14 +243,57 @@ async def run_staged_shutdown(
     if abandoned:
         logger.warning("Published 'cancelled' for %d unfinished rollout(s)", abandoned)
     if collect and registry.undelivered:
-        logger.info(
-            "Waiting up to %.1fs for pollers to collect %d result(s)",
-            timeouts.collect_sec,
-            registry.undelivered,
-        )
-        await _wait_first(registry.delivered_future(), hurry, timeouts.collect_sec)
+        await _collect(server, timeouts.collect_sec, hurry, requested)
     await server.close()
     logger.info("Rollout server shutdown complete")
+
+
+def _cancelled_by_request(registry: RolloutRegistry) -> set[str]:
+    """The ids of held rollouts with a cancel disposition: until the shutdown's own
+    cancellation runs, only ``POST /rollout/cancel`` records one (a lapsed lease publishes
+    before it requests cancellation, so it records none)."""
+    return {
+        record.rollout_id
+        for record in map(registry.get, registry.ids())
+        if record is not None and record.disposition is not None
+    }
+
+
+async def _collect(
+    server: ShutdownTarget,
+    collect_sec: float,
+    hurry: asyncio.Future[None],
+    requested: set[str] | None,
+) -> None:
+    """Give pollers up to ``collect_sec`` to collect every result not yet delivered, except
+    those of rollouts cancelled by request (``requested``; None: find them now)."""
+    registry = server.registry
+    if requested is None:
+        requested = _cancelled_by_request(registry)
+    undelivered = [
+        record
+        for record in map(registry.get, registry.ids())
+        if record is not None and record.published and not record.delivered
+    ]
+    owed = [record for record in undelivered if record.rollout_id not in requested]
+    waived = [record.rollout_id for record in undelivered if record.rollout_id in requested]
+    if waived:
+        logger.info(
+            "Not waiting for %d result(s) of rollouts cancelled by request: %s",
+            len(waived),
+            log_list(waived, MAX_LOGGED_IDS),
+        )
+    if not owed:
+        return
+    logger.info("Waiting up to %.1fs for pollers to collect %d result(s)", collect_sec, len(owed))
+    watched = server.deliveries.watch(owed, asyncio.get_running_loop())
+    # The registry's own future also ends the window once every undelivered result is
+    # gone (delivered, or removed when its retention elapsed).
+    everything = registry.delivered_future()
+    if not hurry.done() and collect_sec > 0:
+        await asyncio.wait(
+            (watched, everything, hurry), timeout=collect_sec, return_when=asyncio.FIRST_COMPLETED
+        )
 
 
 async def _shutdown_backend(

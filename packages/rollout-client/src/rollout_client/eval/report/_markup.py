@@ -34,6 +34,7 @@ OUTCOME_SERIES: Final = {
     "failed": Series(name="failed", color="#d55e00"),
     "skipped": Series(name="skipped", color="#8c8c8c"),
     "infra_failure": Series(name="infra_failure", color="#9c4f96"),
+    "cancelled": Series(name="cancelled", color="#56b4e9"),
     "not_started": Series(name="not_started", color="#d5d9de"),
 }
 """Colours of the outcomes (from the Okabe-Ito palette, distinguishable with colour blindness)."""

@@ -113,6 +113,7 @@ dl.run dd { margin: 0; overflow-wrap: anywhere; }
   color: #fff; white-space: nowrap; }
 .badge.success { background: #0b8a5f; } .badge.failed { background: #d55e00; }
 .badge.skipped { background: #8c8c8c; } .badge.infra_failure { background: #9c4f96; }
+.badge.cancelled { background: #56b4e9; color: var(--ink); }
 .badge.not_started { background: #d5d9de; color: var(--ink); }
 .category { margin-bottom: 14px; }
 table.messages td.num { width: 4em; font-weight: 600; }
