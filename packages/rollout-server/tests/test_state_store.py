@@ -28,6 +28,7 @@ from rollout_server.state._store import (
     PublicationRow,
     StateOpenError,
     StoreWriteError,
+    default_state_url,
     parse_state_url,
     store_for,
 )
@@ -421,3 +422,17 @@ async def test_memory_store_keeps_nothing() -> None:
     assert await store.open(process_id=str(uuid.uuid4())) == ()
     store.forget("x")
     await store.close()
+
+
+def test_the_command_default_is_a_file_per_port_under_the_state_home() -> None:
+    home = Path.home()
+    assert default_state_url(8100, {"XDG_STATE_HOME": "/srv/state"}) == (
+        "sqlite:///srv/state/rollout/state/serve-8100.db"
+    )
+    # XDG: a relative value is ignored, as is an unset one.
+    for environ in ({"XDG_STATE_HOME": "relative"}, {}):
+        assert default_state_url(8100, environ) == (
+            f"sqlite://{home}/.local/state/rollout/state/serve-8100.db"
+        )
+    assert default_state_url(0, {"XDG_STATE_HOME": "/srv/state"}) == MEMORY
+    assert parse_state_url(default_state_url(8100)).durable

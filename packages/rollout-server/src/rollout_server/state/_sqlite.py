@@ -27,7 +27,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import errno
-import fcntl
 import os
 import queue
 import socket
@@ -52,6 +51,11 @@ from ._store import (
     StoreStats,
     StoreWriteError,
 )
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["MAX_BATCH", "SqliteStore"]
 
@@ -171,6 +175,8 @@ class SqliteStore:
         return StateOpenError(f"state file {self.path} {problem}; {fix}")
 
     def _take_lock(self, process_id: str) -> None:
+        if fcntl is None:  # pragma: no cover - Windows
+            raise self._fail("cannot be locked on this platform (no flock)", "pass --state memory:")
         lock = self.lock_path
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
