@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from rollout_server import create_rollout_server
+from rollout_server import ShutdownTimeouts, create_rollout_server
 from rollout_server.state._sqlite import SqliteStore
 from rollout_server.state._store import StateOpenError, StoreWriteError
 
@@ -357,3 +357,22 @@ class TestRestart:
         store = SqliteStore(path)
         await store.open(process_id="next")
         await store.close()
+
+    async def test_the_collect_window_waits_for_results_the_shutdown_stored(
+        self, make_harness: MakeHarness, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The drain's cancellation publishes (stores) the running rollout's result; the
+        collect window waits for it to be collected and ends on its delivery."""
+        stages = ShutdownTimeouts(
+            drain_sec=0.0, cleanup_sec=2.0, force_sec=1.0, backend_sec=1.0, collect_sec=30.0
+        )
+        harness = await make_harness(state=url(tmp_path / "state.db"), shutdown_timeouts=stages)
+        token = await harness.admit("r1")
+        await harness.backend.started("r1")
+        with caplog.at_level(logging.INFO, logger="rollout_server.shutdown"):
+            drain = asyncio.ensure_future(harness.server.drain())
+            reply = await harness.poll_until("r1", token, "cancelled")
+            async with asyncio.timeout(EVENT_SEC):
+                await drain
+        assert reply.json["err_message"] == "cancelled"
+        assert "Waiting up to 30.0s for pollers to collect 1 result(s)" in caplog.text

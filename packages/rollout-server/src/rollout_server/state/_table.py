@@ -126,6 +126,14 @@ class RecordTable:
                 )
         return unfinished
 
+    async def settled(self) -> None:
+        """Wait until every publication asked for so far is fixed: with a durable store,
+        until the results being written are durable (or failed, and so served from
+        memory); at once without one, or when none is being written."""
+        link = self._link
+        if link is not None and link.publishing:
+            await link.store.flush()
+
     # -- retention and removal --------------------------------------------------------
 
     def _on_retention_elapsed(self, record: RolloutRecord) -> None:
