@@ -376,3 +376,21 @@ class TestRestart:
                 await drain
         assert reply.json["err_message"] == "cancelled"
         assert "Waiting up to 30.0s for pollers to collect 1 result(s)" in caplog.text
+
+    async def test_a_lapsed_lease_found_by_a_poll_is_answered_once_stored(
+        self, make_harness: MakeHarness, tmp_path: Path
+    ) -> None:
+        """A poll that finds the lease lapsed (before the lease timer fires) publishes
+        lease_expired; with a durable store it waits for the write and answers it (200,
+        never a 500)."""
+        path = tmp_path / "state.db"
+        harness = await make_harness(state=url(path))
+        token = await harness.admit("r1")
+        await harness.backend.started("r1")
+        record = harness.server.registry.get("r1")
+        record.lease_deadline = asyncio.get_running_loop().time() - 1.0  # the poll is late
+        reply = await harness.poll("r1", token)
+        assert reply.status == 200
+        assert reply.json["status"] == "failure"
+        assert reply.json["err_category"] == "lease_expired"
+        assert rows(path)["r1"]["result"] == reply.raw

@@ -246,7 +246,9 @@ class Routes:
                 response = found
             else:
                 assert token is not None
-                waited = found.body is None and self._registry.renew(found)
+                # A lapsed lease is published by renew(); with a durable store it becomes
+                # visible once stored, so the poll waits for that as for any result.
+                waited = found.body is None and (self._registry.renew(found) or found.body is None)
                 if waited:
                     waits = self._waits
                     wait = waits.begin(found, self._wait_sec)
