@@ -4,6 +4,7 @@ Usually run through ``nox -s bench`` (which builds both venvs); directly::
 
     python -m benchmarks --osmosis-python /path/to/osmosis-venv/bin/python --quick
     python -m benchmarks --stacks ours --workload throughput --profile tiny
+    python -m benchmarks gateway --profile short    # the model gateway, on vs off
 
 The suite runs in the venv of our stack (``--ours-python``, default this interpreter);
 the osmosis-ai servers and load generators run under ``--osmosis-python``.
@@ -492,6 +493,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         0 when every run produced well-formed figures, 1 otherwise (the files are
         written either way).
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gateway"]:  # gateway on vs off (benchmarks/gateway_bench.py)
+        from benchmarks import gateway_bench
+
+        return gateway_bench.main(argv[1:])
     args = parse_args(argv)
     profile = profile_named(args.profile)
     inflight = None

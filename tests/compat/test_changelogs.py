@@ -9,6 +9,10 @@ The entry of a package's current version (its ``pyproject.toml`` version) must c
   rollout-server <range>; interoperates with <osmosis-ai versions that work>``.
 
 Versions of ours are named by series (``rollout-server 0.1``), osmosis-ai exactly.
+
+The tree may speak a newer protocol minor than its current (released) version when the
+rollout-types ``[Unreleased]`` entry announces it (``Protocol X.Y``): the release that
+ships it brings its own Compatibility line.
 """
 
 from __future__ import annotations
@@ -110,8 +114,19 @@ class TestCompatibilityLines:
     def test_types_line(self, compat: ModuleType) -> None:
         """protocol, used-by ranges and osmosis-ai versions agree with the tree and the table."""
         version = compat.package_version("rollout-types")
-        found = clauses(compatibility_line(changelog("rollout-types"), version))
-        assert found["protocol"] == compat.protocol_version()
+        text = changelog("rollout-types")
+        found = clauses(compatibility_line(text, version))
+        tree = compat.protocol_version()
+        if found["protocol"] != tree:
+            unreleased = re.search(r"^## \[Unreleased\]\n(.*?)(?=^## \[|\Z)", text, re.M | re.S)
+            assert unreleased is not None, "no [Unreleased] entry announcing the new protocol"
+            assert f"Protocol {tree}" in unreleased.group(1), (
+                f"the tree speaks protocol {tree}, the [{version}] entry {found['protocol']}: "
+                f"announce 'Protocol {tree}' under [Unreleased]"
+            )
+            assert tree.split(".")[0] == found["protocol"].split(".")[0], (
+                "a new major needs a release"
+            )
         used_by = dict(
             part.strip().split(" ", 1) for part in re.split(r"\band\b", found["used by"])
         )

@@ -3,12 +3,14 @@
 ``public_surface_0.2.0.json`` was written once by ``tools/public_surface.py`` from the
 sources of the 0.2.0 release (commit f71f6ca; the tool's docstring has the commands).
 HEAD's surface is computed by the same code from the installed distributions and the
-pyprojects of this checkout: additions are allowed, removals and changes fail.
+pyprojects of this checkout: additions are allowed, removals and changes fail, but for a
+higher minor of ``PROTOCOL_VERSION`` (a protocol minor only adds optional keys).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,26 @@ from public_surface import compare, public_surface  # noqa: E402
 
 SNAPSHOT = Path(__file__).with_name("public_surface_0.2.0.json")
 
+_PROTOCOL_MINOR = re.compile(
+    r'modules\.rollout_types\.PROTOCOL_VERSION\.value: was "(\d+)\.(\d+)", now "(\d+)\.(\d+)"'
+)
+
+
+def _protocol_minor_bump(problem: str) -> bool:
+    """Whether ``problem`` is PROTOCOL_VERSION moving to a higher minor of its major."""
+    match = _PROTOCOL_MINOR.fullmatch(problem)
+    return bool(match) and match[1] == match[3] and int(match[4]) > int(match[2])
+
+
+DELIBERATE_REMOVALS = {
+    "modules.rollout_server.RayBackend.members.worker_pids": (
+        "dead code, removed by issue 27 item 5 (undocumented, unused; /health lists each "
+        "worker's pid)"
+    ),
+}
+"""Removals from the 0.2.0 surface made on purpose, each with its reason and changelog
+entry; every other removal or change fails."""
+
 
 @pytest.fixture(scope="module")
 def released() -> dict[str, Any]:
@@ -32,9 +54,14 @@ def released() -> dict[str, Any]:
 
 class TestPublicSurface:
     def test_head_keeps_the_surface_of_0_2_0(self, released: dict[str, Any]) -> None:
-        """Every 0.2.0 name, parameter, member, attrs field and CLI option is unchanged."""
+        """Every 0.2.0 name, parameter, member, attrs field and CLI option is unchanged, but
+        for the deliberate removals (each still removed)."""
         problems, additions = compare(released, public_surface(ROOT))
+        problems = [problem for problem in problems if not _protocol_minor_bump(problem)]
         print("additions since 0.2.0:", *additions or ["none"], sep="\n  ")
+        removed = {problem.partition(": removed (")[0] for problem in problems}
+        assert removed >= DELIBERATE_REMOVALS.keys(), "a deliberate removal is back: drop it"
+        problems = [p for p in problems if p.partition(": removed (")[0] not in DELIBERATE_REMOVALS]
         assert not problems, "the public surface changed since 0.2.0:\n" + "\n".join(problems)
 
     def test_snapshot_covers_every_public_module_and_command(

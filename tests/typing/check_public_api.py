@@ -180,3 +180,30 @@ def _server_observability() -> None:
     with get_rollout_context().model_call("m") as headers:
         traceparent: str | None = headers.get("traceparent")
     del report, traceparent
+
+
+# -- protocol 1.1: turns, and the server's model gateway ------------------------------------
+def _turns_usage() -> None:
+    from rollout_server import LocalBackend, ModelGateway, ModelRoute, create_rollout_server
+    from rollout_types import TURNS_PROTOCOL_VERSION, RolloutTurn, TurnFlag, protocol_supports
+
+    asked = RolloutInitRequest(
+        initial_messages=[],
+        rollout_id="g-0",
+        chat_completions_url="http://127.0.0.1:9000/v1",
+        return_turns=True,
+        weight_version="step-12",
+        group_id="g",
+    )
+    turns: list[RolloutTurn] | None = structure_wire({}, RolloutResultResponse).turns
+    for turn in turns or ():
+        ids: list[int] | None = turn.completion_token_ids
+        logprobs: list[float] | None = turn.logprobs
+        usable: bool = TurnFlag.NO_COMPLETION_TOKEN_IDS not in turn.flags
+        del ids, logprobs, usable
+    supported: bool = protocol_supports("1.1", TURNS_PROTOCOL_VERSION)
+    gateway = ModelGateway(endpoints=["http://gpu-0:8000/v1", "http://gpu-1:8000/v1"])
+    route: ModelRoute = gateway.open_route(rollout_id="r", chat_completions_url="")
+    base: str = route.base_url
+    app = create_rollout_server(backend=LocalBackend("pkg.mod:Workflow"), model_gateway=gateway)
+    del asked, supported, base, app

@@ -24,6 +24,23 @@ scheduling order, while repeated runs of one question (``rollout-eval --n K``) d
 ``--http-500-rate`` and ``--http-429-rate`` inject server errors and rate limiting, and
 ``--latency-ms`` adds a (jittered) delay to every response.
 
+Token ids and logprobs, as vLLM returns them, when a request asks (for trainer-side tests):
+
+* ``return_token_ids: true``: the response carries ``prompt_token_ids`` (top level; in the
+  first chunk of a stream) and ``choices[0].token_ids`` (in each chunk, the ids of that
+  chunk's delta);
+* ``logprobs: true``: ``choices[0].logprobs.content`` holds one entry per completion token
+  (``{"token", "logprob", "bytes", "top_logprobs": []}``); with
+  ``return_tokens_as_token_ids: true`` each ``token`` is ``"token_id:<id>"``.
+
+The "tokenizer" is a toy (words, punctuation and runs of white space, each hashed to an id
+below :data:`VOCAB_SIZE`) applied to a fixed rendering of the chat (:func:`render_prompt`);
+the completion's tokens are those of its streamed pieces, in order, whether the call
+streams or not. Logprobs are a pure function of the seed, the prompt and the position, so
+one request always gets the same numbers. With ``--weight-version V`` every response also
+reports ``"metadata": {"weight_version": V}`` (as SGLang does). :func:`produced` lists what
+was returned to the requests that asked, for tests to compare against.
+
 Run it::
 
     python tools/chat_standin/server.py --host 127.0.0.1 --port 0 --port-file /tmp/p \\
@@ -60,15 +77,59 @@ from aiohttp import web
 
 __all__ = [
     "MODEL_ID",
+    "VOCAB_SIZE",
     "StandinConfig",
     "create_app",
     "main",
+    "produced",
     "question_to_expression",
+    "render_prompt",
     "serve",
+    "tokenize",
 ]
 
 MODEL_ID: Final = "chat-standin"
 """The model id the stand-in reports in ``/v1/models`` and in every completion."""
+
+VOCAB_SIZE: Final = 32000
+"""Token ids of the toy tokenizer are in ``[100, VOCAB_SIZE)`` (ids below 100 are unused)."""
+
+_TOKEN: Final = re.compile(r"\w+|[^\w\s]|\s+")
+
+
+def _token_id(piece: str) -> int:
+    digest = hashlib.sha256(piece.encode()).digest()
+    return 100 + int.from_bytes(digest[:4], "big") % (VOCAB_SIZE - 100)
+
+
+def tokenize(text: str) -> list[int]:
+    """The toy tokenizer: each word, punctuation mark or run of white space, hashed to an id."""
+    return [_token_id(piece) for piece in _TOKEN.findall(text)]
+
+
+def render_prompt(body: dict[str, Any]) -> str:
+    """The toy chat template: each message as ``<|role|>content[tool calls][call id]<|end|>``,
+    the tool names, then ``<|assistant|>`` (the prompt whose tokens ``prompt_token_ids`` are).
+    """
+    parts = []
+    for message in body.get("messages") or ():
+        if not isinstance(message, dict):
+            continue
+        text = f"<|{message.get('role')}|>{_text_of(message.get('content'))}"
+        if message.get("tool_calls"):
+            text += json.dumps(message["tool_calls"], sort_keys=True)
+        if message.get("tool_call_id"):
+            text += f"[{message['tool_call_id']}]"
+        parts.append(text + "<|end|>")
+    names = [
+        str(tool.get("function", {}).get("name"))
+        for tool in body.get("tools") or ()
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
+    ]
+    if names:
+        parts.append(f"<|tools|>{' '.join(names)}<|end|>")
+    return "".join(parts) + "<|assistant|>"
+
 
 _NUMBER = r"(-?\d+(?:\.\d+)?)"
 _RULES: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
@@ -215,6 +276,7 @@ class StandinConfig:
     latency_ms: float = 0.0
     seed: int = 0
     api_key: str | None = None
+    weight_version: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "http_500_rate", "http_429_rate"):
@@ -232,9 +294,80 @@ class _State:
     answered: Counter[str] = dataclasses.field(default_factory=Counter)
     requests: int = 0
     completions: int = 0
+    produced: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 _STATE: Final = web.AppKey("standin_state", _State)
+
+
+def produced(app: web.Application) -> list[dict[str, Any]]:
+    """What the stand-in returned to each request that asked for token ids or logprobs, in
+    order: ``{"id", "prompt_token_ids", "completion_token_ids", "logprobs"}`` (a key the
+    request did not ask for is None)."""
+    return app[_STATE].produced
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Tokens:
+    """The token fields one completion returns (None: not asked for)."""
+
+    prompt_token_ids: list[int] | None
+    logprobs: bool
+    as_ids: bool
+    seed: int
+    digest: str
+
+    def entries(self, ids: list[int], text_pieces: list[str], start: int) -> list[dict[str, Any]]:
+        """The ``logprobs.content`` entries of ``ids`` (starting at completion position
+        ``start``)."""
+        out = []
+        for offset, (token, piece) in enumerate(zip(ids, text_pieces, strict=True)):
+            position = start + offset
+            value = -round(_unit(self.seed, "logprob", self.digest, position, token) * 4.0, 6)
+            shown = f"token_id:{token}" if self.as_ids else piece
+            out.append(
+                {
+                    "token": shown,
+                    "logprob": value,
+                    "bytes": list(piece.encode()),
+                    "top_logprobs": [],
+                }
+            )
+        return out
+
+
+def _tokens_asked(state: _State, body: dict[str, Any]) -> _Tokens | None:
+    ids = body.get("return_token_ids") is True
+    logprobs = body.get("logprobs") is True
+    if not (ids or logprobs):
+        return None
+    prompt = render_prompt(body)
+    return _Tokens(
+        prompt_token_ids=tokenize(prompt) if ids else None,
+        logprobs=logprobs,
+        as_ids=body.get("return_tokens_as_token_ids") is True,
+        seed=state.config.seed,
+        digest=hashlib.sha256(prompt.encode()).hexdigest()[:16],
+    )
+
+
+def _delta_text(delta: dict[str, Any]) -> str:
+    """The generated text of one streamed delta (what its tokens are)."""
+    if isinstance(delta.get("content"), str):
+        return str(delta["content"])
+    text = ""
+    for call in delta.get("tool_calls") or ():
+        function = call.get("function") or {}
+        text += str(function.get("name") or "") + str(function.get("arguments") or "")
+    return text
+
+
+def _delta_tokens(
+    tokens: _Tokens, delta: dict[str, Any], start: int
+) -> tuple[list[int], list[dict[str, Any]]]:
+    pieces = _TOKEN.findall(_delta_text(delta))
+    ids = [_token_id(piece) for piece in pieces]
+    return ids, tokens.entries(ids, pieces, start) if tokens.logprobs else []
 
 
 def _error(
@@ -303,7 +436,8 @@ def _decide(state: _State, body: dict[str, Any]) -> dict[str, Any]:
             "content": None,
             "tool_calls": [
                 {
-                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    # Deterministic (a digest of the prompt), so a rerun's prompts repeat.
+                    "id": f"call_{hashlib.sha256(render_prompt(body).encode()).hexdigest()[:24]}",
                     "type": "function",
                     "function": {"name": name, "arguments": json.dumps({argument: expression})},
                 }
@@ -414,17 +548,54 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
             finish=finish,
             include_usage=include_usage,
         )
+    tokens = _tokens_asked(state, body)
     await _delay(state)
-    return web.json_response(
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish,
+    }
+    document: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(body, message),
+    }
+    if state.config.weight_version is not None:
+        document["metadata"] = {"weight_version": state.config.weight_version}
+    if tokens is not None:
+        ids: list[int] = []
+        entries: list[dict[str, Any]] = []
+        for delta in _deltas(message):
+            more, logprobs = _delta_tokens(tokens, delta, len(ids))
+            ids += more
+            entries += logprobs
+        if tokens.prompt_token_ids is not None:
+            document["prompt_token_ids"] = tokens.prompt_token_ids
+            choice["token_ids"] = ids
+        if tokens.logprobs:
+            choice["logprobs"] = {"content": entries}
+        _record(state, completion_id, tokens, ids, entries)
+    return web.json_response(document)
+
+
+def _record(
+    state: _State,
+    completion_id: str,
+    tokens: _Tokens,
+    ids: list[int],
+    entries: list[dict[str, Any]],
+) -> None:
+    asked_ids = tokens.prompt_token_ids is not None
+    state.produced.append(
         {
             "id": completion_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-            ],
-            "usage": _usage(body, message),
+            "prompt_token_ids": tokens.prompt_token_ids,
+            "completion_token_ids": ids if asked_ids else None,
+            "logprobs": [entry["logprob"] for entry in entries] if tokens.logprobs else None,
         }
     )
 
@@ -474,6 +645,9 @@ async def _stream(
     )
     await response.prepare(request)
 
+    tokens = _tokens_asked(state, body)
+    reported = state.config.weight_version
+
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         document = {
             "id": completion_id,
@@ -483,16 +657,39 @@ async def _stream(
             "choices": choices,
             **extra,
         }
+        if reported is not None:
+            document["metadata"] = {"weight_version": reported}
         return f"data: {json.dumps(document)}\n\n".encode()
 
     await _delay(state)
+    ids: list[int] = []
+    entries: list[dict[str, Any]] = []
+    first = True
     async for delta in _aiter(_deltas(message)):
-        await response.write(
-            chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
-        )
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        extra: dict[str, Any] = {}
+        if tokens is not None:
+            more, logprobs = _delta_tokens(tokens, delta, len(ids))
+            ids += more
+            entries += logprobs
+            if tokens.prompt_token_ids is not None:
+                choice["token_ids"] = more
+                if first:
+                    extra["prompt_token_ids"] = tokens.prompt_token_ids
+            if tokens.logprobs:
+                choice["logprobs"] = {"content": logprobs}
+        first = False
+        await response.write(chunk([choice], **extra))
     await response.write(
         chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}])
     )
+    if tokens is not None:
+        _record(state, completion_id, tokens, ids, entries)
     if include_usage:
         await response.write(chunk([], usage=_usage(body, message)))
     await response.write(b"data: [DONE]\n\n")
@@ -579,6 +776,11 @@ def main(argv: list[str] | None = None) -> int:
         "--seed", type=int, default=0, help="seed of every random decision (default 0)"
     )
     parser.add_argument(
+        "--weight-version",
+        metavar="V",
+        help="report this weights version in every response (metadata.weight_version)",
+    )
+    parser.add_argument(
         "--api-key-env",
         metavar="NAME",
         help="require 'Authorization: Bearer $NAME' on every request",
@@ -597,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
             latency_ms=args.latency_ms,
             seed=args.seed,
             api_key=api_key,
+            weight_version=args.weight_version,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -1,10 +1,12 @@
 """The bound on admitted work holds exactly under truly concurrent admissions, through real
 HTTP: LocalBackend's ``max_concurrent + max_queued`` (reservations), and a backend that
-only answers ``has_capacity()`` from the work it has started (the server's own count)."""
+only answers ``has_capacity()`` from the work it has started (the server's own count); and
+the backend's ``admission_mode`` decides which of the two the server does."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from rollout_server import (
     ExecutionRequest,
     LocalBackend,
     WorkflowContext,
+    create_rollout_server,
 )
 from rollout_types import CancelRolloutsRequest, RolloutInitRequest, structure_wire
 
@@ -48,6 +51,30 @@ class StartedCountingBackend(ExecutionBackend):
 
     def has_capacity(self) -> bool:
         return self.started < self.bound
+
+
+class AskedBackend(ExecutionBackend):
+    """Records how many executions had started when each admission asked for room
+    (default admission_mode: "started_work")."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.asked_at: list[int] = []
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        self.started += 1
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("unreachable")
+
+    def try_reserve(self) -> bool:
+        self.asked_at.append(self.started)
+        return True
+
+
+class ReservingBackend(AskedBackend):
+    """Counts its reservations itself."""
+
+    admission_mode = "reservations"
 
 
 def bounded_local(tmp_path: Path, *, slots: int, queued: int) -> LocalBackend:
@@ -146,3 +173,43 @@ class TestAdmissionBound:
             assert (await harness.post_rollout(body("r2"))).status == 503
         assert backend.try_reserve()  # one queue place is still free
         backend.release_reservation()
+
+
+class TestAdmissionMode:
+    @pytest.mark.parametrize(
+        ("backend_class", "asked_at"), [(AskedBackend, [0, 1]), (ReservingBackend, [0, 0])]
+    )
+    async def test_the_mode_says_whether_an_admission_waits_for_earlier_starts(
+        self, make_harness: Any, backend_class: type[AskedBackend], asked_at: list[int]
+    ) -> None:
+        """Two admissions at once: a "started_work" backend is asked for the second only
+        once the first has started; a "reservations" backend is asked for both at once."""
+        backend = backend_class()
+        harness = await make_harness(backend)
+        inits = [
+            structure_wire(
+                {"initial_messages": [], "rollout_id": rid, "chat_completions_url": ""},
+                RolloutInitRequest,
+            )
+            for rid in ("r1", "r2")
+        ]
+        async with asyncio.timeout(EVENT_SEC):
+            tokens = await asyncio.gather(*(harness.server.admit(init) for init in inits))
+        assert all(isinstance(token, str) for token in tokens)
+        assert backend.asked_at == asked_at
+        assert ExecutionBackend.admission_mode == "started_work"
+        assert LocalBackend.admission_mode == "reservations"
+
+    def test_an_unknown_mode_is_refused_when_the_server_is_built(self) -> None:
+        """A backend whose admission_mode is neither value fails at once, naming it."""
+
+        class Sometimes(AskedBackend):
+            admission_mode = "sometimes"  # type: ignore[assignment]  # the wrong use tested
+
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                "Sometimes.admission_mode must be 'reservations' or 'started_work'; got 'sometimes'"
+            ),
+        ):
+            create_rollout_server(backend=Sometimes())

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 import rollout_server
-from rollout_server import ROLLOUT_SERVER_KEY, ServerConfigError, ServeTargetError
+from rollout_server import ROLLOUT_SERVER_KEY, ModelGateway, ServerConfigError, ServeTargetError
 from rollout_server.cli._cli import main
 from rollout_server.cli._options import build_parser
 from rollout_server.cli._serve import GC_YOUNG_THRESHOLD, LISTEN_BACKLOG, serve, tune_collector
@@ -163,6 +163,8 @@ class TestOptions:
             "--backend-shutdown-timeout-sec",
             "--collect-timeout-sec",
             "--no-metrics",
+            "--gateway",
+            "--model-endpoint",
         ):
             assert flag in text
         assert "MODULE:ATTR" in text
@@ -299,6 +301,38 @@ class TestTargets:
         assert (server.result_wait_timeout_sec, server.polling_lease_timeout_sec) == (2.0, 9.0)
         assert server.shutdown_timeouts.drain_sec == 0.5
         assert server.status_change_grace_sec == 0.0
+
+    async def test_gateway_options(self, app_dir: Path) -> None:
+        """--gateway runs a model gateway; each --model-endpoint is one of its endpoints;
+        neither: no gateway."""
+        target = load_target("cli_targets:backend", app_dir=str(app_dir))
+        plain = (await build_app(target, parse("cli_targets:backend")))[ROLLOUT_SERVER_KEY]
+        assert plain.model_router is None
+        on = (await build_app(target, parse("cli_targets:backend", "--gateway")))[
+            ROLLOUT_SERVER_KEY
+        ]
+        assert isinstance(on.model_router, ModelGateway)
+        assert on.model_router.endpoints == ()
+        args = parse(
+            "cli_targets:backend",
+            "--model-endpoint",
+            "http://127.0.0.1:8001/v1/",
+            "--model-endpoint",
+            "http://127.0.0.1:8002/v1",
+        )
+        server = (await build_app(target, args))[ROLLOUT_SERVER_KEY]
+        assert isinstance(server.model_router, ModelGateway)
+        assert server.model_router.endpoints == (
+            "http://127.0.0.1:8001/v1",
+            "http://127.0.0.1:8002/v1",
+        )
+        with pytest.raises(ServerConfigError, match="not an http"):
+            await build_app(target, parse("cli_targets:backend", "--model-endpoint", "8001"))
+        with pytest.raises(ServeTargetError, match="--gateway"):
+            await build_app(
+                load_target("cli_targets:app", app_dir=str(app_dir)),
+                parse("cli_targets:app", "--gateway"),
+            )
 
     async def test_options_with_a_built_app_are_refused(self, app_dir: Path) -> None:
         """Server options cannot silently be ignored for an app that is built already."""

@@ -343,6 +343,43 @@ class TestCancellation:
                 await asyncio.sleep(0.05)
 
 
+class TestShutdown:
+    async def test_shutdown_says_what_it_waits_for(
+        self, serve: Any, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Between "admissions closed" and "shutdown complete", RayBackend logs at INFO
+        how many rollouts and workers it waits for, then that it stops the workers."""
+        harness = await serve(AnswerWorkflow, num_workers=2)
+        token = await harness.admit("a", grade=False)
+        assert (await result_of(harness, "a", token))["status"] == "success"
+        with caplog.at_level(logging.INFO, logger="rollout_server"):
+            async with asyncio.timeout(EVENT_SEC):
+                await harness.server.drain(collect=False)
+        lines = [
+            (record.name, record.levelno, record.getMessage())
+            for record in caplog.records
+            if record.name.rpartition(".")[2] in ("app", "ray_backend", "shutdown")
+        ]
+        closed = lines.index(
+            ("rollout_server.app", logging.INFO, "Rollout server shutting down: admissions closed")
+        )
+        ray_lines = [line for line in lines[closed:] if line[0] == "rollout_server.ray_backend"]
+        assert ray_lines == [
+            (
+                "rollout_server.ray_backend",
+                logging.INFO,
+                "RayBackend: waiting up to 5s for 0 rollout(s) and the file writes on 2 worker(s)",
+            ),
+            ("rollout_server.ray_backend", logging.INFO, "RayBackend: stopping 2 worker(s)"),
+            ("rollout_server.ray_backend", logging.INFO, "RayBackend: shutdown complete"),
+        ]
+        assert lines[-1] == (
+            "rollout_server.shutdown",
+            logging.INFO,
+            "Rollout server shutdown complete",
+        )
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

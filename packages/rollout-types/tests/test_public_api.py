@@ -8,12 +8,14 @@ EXPECTED = [
     "DEFAULT_POLLING_LEASE_TIMEOUT_SEC", "DEFAULT_RESULT_RETENTION_SEC",
     "DEFAULT_RESULT_WAIT_TIMEOUT_SEC", "LEASE_HEADER", "OSMOSIS_PROTOCOL_VERSION",
     "PROTOCOL_VERSION", "PROTOCOL_VERSION_HEADER", "REDACTED", "TERMINAL_STATUSES",
-    "CancelDisposition", "CancelRolloutsRequest", "CancelRolloutsResponse", "FieldValueError",
+    "TURNS_PROTOCOL_VERSION", "CancelDisposition", "CancelRolloutsRequest",
+    "CancelRolloutsResponse", "FieldValueError",
     "RolloutErrorCategory", "RolloutHealth", "RolloutInitRequest", "RolloutInitResponse",
     "RolloutLifecycle", "RolloutResultResponse", "RolloutSample", "RolloutStatus",
-    "RolloutTypesError", "WireValidationError", "__version__", "check_api_key", "check_seconds",
+    "RolloutTurn", "RolloutTypesError", "TurnFlag", "WireValidationError", "__version__",
+    "check_api_key", "check_seconds",
     "converter", "dumps", "is_secret_key", "is_single_path_segment", "is_terminal", "loads",
-    "protocol_compatible", "redact", "structure_wire",
+    "protocol_compatible", "protocol_supports", "redact", "structure_wire",
 ]  # fmt: skip
 
 

@@ -98,7 +98,9 @@ def rollout_request(**fields: Any) -> RolloutInitRequest:
         ValueError: A timeout is not finite, or the wire model rejects a value.
     """
     for name, (expected, optional) in _FIELD_TYPES.items():
-        value = fields.get(name)
+        if name not in fields:
+            continue  # the model's default (a field a newer protocol added, for one)
+        value = fields[name]
         if (value is None and optional) or isinstance(value, expected):
             continue
         raise TypeError(

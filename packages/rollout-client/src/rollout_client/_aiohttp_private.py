@@ -12,6 +12,7 @@ import aiohttp
 __all__ = ["disable_idempotent_replay"]
 
 
+# Speed: benchmarks/README.md, "Client", row "No idempotent replay ..."
 def disable_idempotent_replay(session: aiohttp.ClientSession) -> None:
     """Stop ``session`` from silently replaying an idempotent request whose connection dropped.
 

@@ -69,6 +69,7 @@ class _Poller:
         self._read_timeout = lease.result_wait_timeout_sec + settings.result_read_grace_sec
         self._headers = {LEASE_HEADER: lease.token}
 
+    # Speed: benchmarks/README.md, "Client", row "One session for every request of a client ..."
     def _timeout(self) -> aiohttp.ClientTimeout:
         # The pool wait plus connect (``connect``) may last as long as the lease still
         # does (a poll sent after that is too late anyway), never less than a connect.

@@ -72,6 +72,7 @@ class ClientSettings:
     clock: Callable[[], float] = time.monotonic
     """The clock of lease deadlines; must agree with ``sleep``."""
 
+    # Speed: benchmarks/README.md, "Client", row "One session for every request of a client ..."
     def timeout(self, *, read_sec: float, pool_sec: float) -> aiohttp.ClientTimeout:
         """A request's aiohttp bounds: connect, pool wait plus connect, and each read."""
         connect = self.connect_timeout_sec

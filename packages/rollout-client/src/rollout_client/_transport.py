@@ -120,6 +120,8 @@ def classify(exc: BaseException) -> TransportFailure | None:
     return None
 
 
+# Speed: benchmarks/README.md, "Client", row "One session for every request of a client ..."
+# Speed: benchmarks/README.md, "Client", row "Lean request headers ..."
 def make_session() -> aiohttp.ClientSession:
     """Create the session a :class:`RolloutClient` owns when the caller passes none.
 

@@ -18,5 +18,6 @@ def _installed_version() -> str:
 VERSION: Final = _installed_version()
 """The installed ``rollout-client`` version (``0.0.0`` from a bare source tree)."""
 
+# Speed: benchmarks/README.md, "Client", row "Lean request headers ..."
 USER_AGENT: Final = f"rollout-client/{VERSION}"
 """The ``User-Agent`` of requests from a session the client makes itself."""

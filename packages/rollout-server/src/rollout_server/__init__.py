@@ -26,6 +26,7 @@ from .execution._context import (
 )
 from .execution._grader import Grader, GraderConfig, GraderContext
 from .execution._local_backend import LocalBackend
+from .execution._turns import ModelRoute, ModelRouter
 from .execution._workflow import (
     AgentWorkflow,
     AgentWorkflowConfig,
@@ -33,6 +34,7 @@ from .execution._workflow import (
     ConcurrencyConfig,
     WorkflowContext,
 )
+from .gateway._gateway import ModelGateway
 from .http._app import ROLLOUT_SERVER_KEY, create_rollout_server
 from .observability._observer import ExecutionObserver
 from .protocol._server import RolloutServer
@@ -59,6 +61,9 @@ __all__ = [
     "GraderContext",
     "LocalBackend",
     "ModelEndpointError",
+    "ModelGateway",
+    "ModelRoute",
+    "ModelRouter",
     "RayBackend",
     "RolloutContext",
     "RolloutServer",

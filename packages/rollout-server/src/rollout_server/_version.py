@@ -15,6 +15,8 @@ def _installed_version() -> str:
         return "0.0.0"
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "The rollout-server version of
+#   the trajectory document looked up once per process ..."
 VERSION: Final = _installed_version()
 """The installed ``rollout-server`` version (``0.0.0`` from a bare source tree). Read once at
 import: ``importlib.metadata`` scans ``sys.path`` on every call, which was a sixth of a

@@ -17,7 +17,9 @@ from ._constants import (
     OSMOSIS_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_HEADER,
+    TURNS_PROTOCOL_VERSION,
     protocol_compatible,
+    protocol_supports,
 )
 from ._converter import (
     REDACTED,
@@ -33,6 +35,7 @@ from ._enums import (
     CancelDisposition,
     RolloutErrorCategory,
     RolloutStatus,
+    TurnFlag,
     is_terminal,
 )
 from ._errors import FieldValueError, RolloutTypesError, WireValidationError
@@ -45,6 +48,7 @@ from ._models import (
     RolloutLifecycle,
     RolloutResultResponse,
     RolloutSample,
+    RolloutTurn,
     is_single_path_segment,
 )
 
@@ -63,6 +67,7 @@ __all__ = [
     "PROTOCOL_VERSION_HEADER",
     "REDACTED",
     "TERMINAL_STATUSES",
+    "TURNS_PROTOCOL_VERSION",
     "CancelDisposition",
     "CancelRolloutsRequest",
     "CancelRolloutsResponse",
@@ -75,7 +80,9 @@ __all__ = [
     "RolloutResultResponse",
     "RolloutSample",
     "RolloutStatus",
+    "RolloutTurn",
     "RolloutTypesError",
+    "TurnFlag",
     "WireValidationError",
     "__version__",
     "check_api_key",
@@ -87,6 +94,7 @@ __all__ = [
     "is_terminal",
     "loads",
     "protocol_compatible",
+    "protocol_supports",
     "redact",
     "structure_wire",
 ]

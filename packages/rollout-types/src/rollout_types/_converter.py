@@ -2,7 +2,10 @@
 
 Use :data:`converter` (never cattrs' global converter) on both sides:
 
-* unstructuring emits every key, nulls included, as an osmosis-ai 0.3.8 peer expects;
+* unstructuring emits every key, nulls included, as an osmosis-ai 0.3.8 peer expects, except
+  the optional keys protocol 1.1 added (:data:`OMITTED_WHEN_DEFAULT`), which are left out
+  while they hold their default: a document that uses none of them is byte-for-byte the
+  protocol 1.0 document;
 * structuring ignores unknown keys, checks JSON types strictly (a number is not a string,
   ``1`` is not a boolean), rejects non-finite numbers and runs the models' validators;
 * :func:`structure_wire` turns any failure into :class:`WireValidationError`, whose
@@ -19,11 +22,12 @@ from typing import Any, Final, TypeVar, get_args, get_origin
 
 import cattrs
 from cattrs.errors import ClassValidationError, IterableValidationError
+from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.preconf.json import JsonConverter, make_converter
 
-from ._enums import CancelDisposition, RolloutErrorCategory, RolloutStatus
+from ._enums import CancelDisposition, RolloutErrorCategory, RolloutStatus, TurnFlag
 from ._errors import FieldValueError, WireValidationError
-from ._models import RolloutHealth, RolloutLifecycle
+from ._models import RolloutHealth, RolloutInitRequest, RolloutLifecycle, RolloutResultResponse
 
 __all__ = [
     "REDACTED",
@@ -176,6 +180,13 @@ def _passthrough(value: Any, _: Any) -> Any:
 
 _HEALTH_KEYS: Final = ("instance_id", "process_id", "lifecycle", "protocol_version")
 
+OMITTED_WHEN_DEFAULT: Final[dict[type[Any], tuple[str, ...]]] = {
+    RolloutInitRequest: ("return_turns", "weight_version", "group_id"),
+    RolloutResultResponse: ("turns",),
+}
+"""The keys of protocol 1.1, per model: unstructured only when they differ from their default
+(the hooks in ``_make_converter`` name them one by one)."""
+
 
 def _make_converter() -> JsonConverter:
     conv = make_converter(detailed_validation=True)
@@ -186,8 +197,18 @@ def _make_converter() -> JsonConverter:
     conv.register_structure_hook_func(_is_json_object_type, _strict_dict)
     conv.register_structure_hook_func(_is_any, _passthrough)
     conv.register_structure_hook_factory(_is_list_type, _strict_list_factory)
-    for enum_type in (RolloutStatus, RolloutErrorCategory, CancelDisposition):
+    for enum_type in (RolloutStatus, RolloutErrorCategory, CancelDisposition, TurnFlag):
         _register_enum(conv, enum_type)
+    omit = override(omit_if_default=True)
+    conv.register_unstructure_hook(
+        RolloutInitRequest,
+        make_dict_unstructure_fn(
+            RolloutInitRequest, conv, return_turns=omit, weight_version=omit, group_id=omit
+        ),
+    )
+    conv.register_unstructure_hook(
+        RolloutResultResponse, make_dict_unstructure_fn(RolloutResultResponse, conv, turns=omit)
+    )
 
     # ``/health`` flattens the backend's fields into the top level of the document.
     lifecycle_hook = conv.get_structure_hook(RolloutLifecycle)

@@ -13,7 +13,13 @@ from typing import Any
 
 import attrs
 
-from ._enums import CancelDisposition, RolloutErrorCategory, RolloutStatus, is_terminal
+from ._enums import (
+    CancelDisposition,
+    RolloutErrorCategory,
+    RolloutStatus,
+    TurnFlag,
+    is_terminal,
+)
 from ._errors import FieldValueError
 
 __all__ = [
@@ -25,6 +31,8 @@ __all__ = [
     "RolloutLifecycle",
     "RolloutResultResponse",
     "RolloutSample",
+    "RolloutTurn",
+    "TurnFlag",
     "is_single_path_segment",
 ]
 
@@ -68,6 +76,18 @@ def _llm_api_key(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> 
         raise FieldValueError(attribute.name, LLM_API_KEY_MESSAGE)
 
 
+def _weight_version(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not value:
+        raise FieldValueError(
+            attribute.name, "weight_version must be omitted or a non-empty string"
+        )
+
+
+def _group_id(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not value:
+        raise FieldValueError(attribute.name, "group_id must be omitted or a non-empty string")
+
+
 def _messages(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     for index, message in enumerate(value):
         if not isinstance(message, dict):
@@ -83,6 +103,22 @@ class RolloutInitRequest:
     Timeouts are float seconds; ``None`` means unbounded, zero or negative means already
     expired. ``extra_fields`` never reaches the backend; it is persisted with the
     trajectory.
+
+    Protocol 1.1 adds three optional keys, each sent only when it differs from its default
+    (so a request that uses none of them is byte-for-byte a 1.0 request, and osmosis-ai
+    servers, which ignore unknown keys, see the same document):
+
+    * ``return_turns``: ask for the model turns the server's model gateway captured in the
+      result (:attr:`RolloutResultResponse.turns`); default False. A server without a
+      gateway refuses such a request (422), rather than answering without turns.
+    * ``weight_version``: the policy weights' version the caller serves this rollout with
+      (a trainer step, a checkpoint tag); recorded on every captured turn. Default None.
+    * ``group_id``: the id of the group (GRPO: the n samples of one prompt) this rollout
+      belongs to; a gateway with several model endpoints routes every rollout of a group
+      to the same endpoint (its prefix cache). Default None: the rollout is its own group.
+
+    .. versionchanged:: 0.3
+       ``return_turns``, ``weight_version`` and ``group_id`` (protocol 1.1).
     """
 
     initial_messages: list[dict[str, Any]] = attrs.field(validator=_messages)
@@ -95,6 +131,9 @@ class RolloutInitRequest:
     agent_timeout_sec: float | None = attrs.field(default=None, validator=_finite_or_none)
     grader_timeout_sec: float | None = attrs.field(default=None, validator=_finite_or_none)
     extra_fields: dict[str, Any] | None = None
+    return_turns: bool = False
+    weight_version: str | None = attrs.field(default=None, validator=_weight_version)
+    group_id: str | None = attrs.field(default=None, validator=_group_id)
 
 
 def _lease_longer_than_wait(
@@ -150,11 +189,66 @@ class RolloutSample:
 
 
 @attrs.frozen(kw_only=True)
+class RolloutTurn:
+    """One model call of a rollout, as the server's model gateway captured it (protocol 1.1).
+
+    Token ids and logprobs are those the model endpoint returned (vLLM's and SGLang's
+    OpenAI-compatible fields); the gateway asks for them when the workflow did not. A
+    field the endpoint did not return, or returned malformed, is null, and ``flags`` says
+    why (:class:`~rollout_types.TurnFlag`): a trainer must not train on a turn whose token
+    ids are null.
+
+    Attributes:
+        index: The call's position among the rollout's model calls, from 0.
+        endpoint: The model endpoint's base URL that served it (credentials removed).
+        request_messages: The ``messages`` the workflow sent.
+        response_message: The assistant message answered (assembled from the stream for a
+            streamed call), or None when no complete answer arrived.
+        finish_reason: The answer's ``finish_reason``, or None.
+        prompt_token_ids: The prompt's token ids (the chat template applied), or None.
+        completion_token_ids: The completion's token ids, or None.
+        logprobs: One log probability per completion token (aligned with
+            ``completion_token_ids``), or None.
+        weight_version: The weights' version that served the call: the endpoint's own
+            report when it gives one, else the request's ``weight_version``; or None.
+        status_code: The endpoint's HTTP status, or None when it gave none (unreachable).
+        latency_sec: Seconds from the call's arrival at the gateway to the end of the
+            endpoint's answer.
+        flags: What went wrong or is missing, as :class:`TurnFlag` values (raw strings for
+            flags a newer server introduced); empty for a complete turn.
+
+    .. versionadded:: 0.3
+    """
+
+    index: int
+    endpoint: str
+    request_messages: list[Any] = attrs.Factory(list)
+    response_message: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    weight_version: str | None = None
+    status_code: int | None = None
+    latency_sec: float = attrs.field(default=0.0, validator=_finite_or_none)
+    flags: list[TurnFlag | str] = attrs.Factory(list)
+
+
+@attrs.frozen(kw_only=True)
 class RolloutResultResponse:
     """Body of ``GET /rollout/{id}/result``: the current or final state of a rollout.
 
     ``status`` and ``err_category`` are enum members for known values and the raw string
     for values a newer peer introduced, so that they stay visible without failing.
+
+    ``turns`` (protocol 1.1) is sent only to a caller that asked for it
+    (``RolloutInitRequest.return_turns``): the model calls the server's gateway captured,
+    in order, on the result of a rollout whose execution returned (also when it failed);
+    null, and absent from the document, otherwise. A result without turns is byte-for-byte
+    a protocol 1.0 result.
+
+    .. versionchanged:: 0.3
+       ``turns``.
     """
 
     rollout_id: str
@@ -162,6 +256,7 @@ class RolloutResultResponse:
     sample: RolloutSample | None = None
     err_message: str | None = None
     err_category: RolloutErrorCategory | str | None = None
+    turns: list[RolloutTurn] | None = None
 
     @property
     def is_terminal(self) -> bool:

@@ -67,6 +67,7 @@ from .report import find_run_dir, write_report
 
 __all__ = ["GC_YOUNG_THRESHOLD", "build_parser", "collector_tuned", "main"]
 
+# Speed: benchmarks/README.md, "Client", row "`rollout-eval run` tunes the collector ..."
 GC_YOUNG_THRESHOLD: Final = 10_000
 """Net container allocations between young-generation collections while a run goes on
 (CPython's default is 700). With thousands of rollouts in flight, the default promotes
@@ -346,6 +347,7 @@ def _show(run: str, output: Path, out: TextIO) -> int:
     return 0
 
 
+# Speed: benchmarks/README.md, "Client", row "`rollout-eval run` tunes the collector ..."
 @contextlib.contextmanager
 def collector_tuned() -> Iterator[None]:
     """Tune CPython's cyclic collector for a run, and restore it afterwards.

@@ -68,6 +68,10 @@ def default_client_factory(**kwargs: Any) -> RunClient:
     return client
 
 
+_NOT_SENT = ("return_turns", "weight_version", "group_id")
+"""Fields of :class:`~rollout_types.RolloutInitRequest` a run leaves at their defaults."""
+
+
 async def start_rollout(
     client: RunClient,
     *,
@@ -95,4 +99,7 @@ async def start_rollout(
         grader_timeout_sec=options.grader_timeout_sec,
         extra_fields={"row_index": item[0], "run_index": item[1]},
     )
-    return await client.run_rollout_async(**attrs.asdict(request, recurse=False))
+    fields = attrs.asdict(request, recurse=False)
+    for name in _NOT_SENT:  # protocol 1.1 keys the run never sets (the client has no such keywords)
+        del fields[name]
+    return await client.run_rollout_async(**fields)

@@ -37,6 +37,8 @@ def configure_logging(level: str, log_format: str) -> None:
     logging.basicConfig(level=level, handlers=[handler])
 
 
+# Speed: benchmarks/README.md, "Server: the `rollout-server serve` process", row "The log lines of
+#   one loop turn written with one `write` ..."
 class TurnBufferedStreamHandler(logging.StreamHandler[TextIO]):
     """A stream handler that writes once per event-loop turn.
 

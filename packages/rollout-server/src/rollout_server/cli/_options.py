@@ -121,6 +121,22 @@ SERVER_OPTIONS: Final = (
         "do not serve Prometheus metrics at GET /metrics (served by default)",
     ),
     ServerOption(
+        "--gateway",
+        "gateway",
+        "run a model gateway: each rollout's workflow gets its own OpenAI-compatible base "
+        "URL (RolloutContext.chat_completions_url and base_url) that forwards to the model "
+        "endpoint and records every chat completion as a turn (token ids, logprobs) in "
+        "trajectory.json, and in the result of a request with return_turns",
+    ),
+    ServerOption(
+        "--model-endpoint",
+        "model_endpoints",
+        "a model endpoint's base URL for the gateway (repeatable; implies --gateway): "
+        "rollouts go to these instead of their request's chat_completions_url, spread by "
+        "consistent hashing with bounded loads on their group_id (else their id), so a "
+        "rollout's turns and a group's rollouts share one endpoint and its prefix cache",
+    ),
+    ServerOption(
         "--state",
         "state",
         "where admissions and results are kept so that a restart loses nothing: "
@@ -138,6 +154,11 @@ def _add_server_option(group: argparse._ArgumentGroup, option: ServerOption) -> 
     ``--no-x`` a True one off)."""
     default = option.default()
     text = option.help
+    if isinstance(default, tuple):  # a list of values: the option is repeated
+        group.add_argument(
+            option.flag, dest=option.dest, action="append", default=None, metavar="URL", help=text
+        )
+        return
     if isinstance(default, bool):
         # A switch is given or not: None when absent, so that only given options count.
         if default:

@@ -35,9 +35,13 @@ __all__ = [
 
 logger: Final = get_logger("rollout_server.cli")
 
+# Speed: benchmarks/README.md, "Server: the `rollout-server serve` process", row "Listen backlog of
+#   4096"
 LISTEN_BACKLOG: Final = 4096
 """Accept-queue length of the listening socket (``listen()`` backlog)."""
 
+# Speed: benchmarks/README.md, "Server: the `rollout-server serve` process", row "The collector
+#   tuned for serving ..."
 GC_YOUNG_THRESHOLD: Final = 10_000
 """Net container allocations between young-generation collections in the served process
 (CPython's default is 700). With thousands of rollouts in flight, the default promotes
@@ -186,6 +190,8 @@ def _state_text(url: str) -> str:
     return f"{url} (nothing survives a restart; pass --state sqlite:///ABS/PATH.db to keep it)"
 
 
+# Speed: benchmarks/README.md, "Server: the `rollout-server serve` process", row "The collector
+#   tuned for serving ..."
 def tune_collector() -> None:
     """Tune CPython's cyclic collector for serving: move everything alive now (modules, the
     app) out of its reach, so full collections walk only the rollouts' own objects, and

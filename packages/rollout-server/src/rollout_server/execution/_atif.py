@@ -23,8 +23,22 @@ key                      value
                          ``grader_timeout_sec``, ``grade``), ``phases`` (``workflow`` and
                          ``grader``: null or ``{status, err_message, err_category}``),
                          ``timings`` (``queued_sec``, ``workflow_sec``, ``grader_sec``,
-                         ``total_sec``: float seconds), ``saved_at`` (UTC, ISO 8601)
+                         ``total_sec``: float seconds), ``saved_at`` (UTC, ISO 8601),
+                         and ``model_turns`` when the server's model gateway captured
+                         calls (below)
 =======================  ===============================================================
+
+Captured model turns (a server with ``--gateway``): each assistant message is matched, in
+order, with the first captured turn after the previous match whose answer is that message
+(same content, same tool calls: ids, names and arguments). A matched agent step gets ATIF
+``metrics``: ``prompt_token_ids``, ``completion_token_ids``, ``logprobs`` (each when the
+endpoint returned it), ``prompt_tokens`` and ``completion_tokens`` (their lengths), and
+``extra`` (``turn_index``, ``weight_version``, ``latency_sec``, ``flags``).
+``extra.rollout_server.model_turns`` lists every turn in call order (``index``,
+``step_id`` of its agent step or null, ``endpoint``, ``status_code``, ``latency_sec``,
+``weight_version``, ``finish_reason``, ``flags``); a turn matched with no step (a retried
+call, an answer the workflow dropped) also keeps its ``response_message``, token ids and
+logprobs there, so no captured token is lost.
 
 There is a document only when there is a conversation: the saved sample (the grader's when
 it has one, else the workflow's) has a non-empty ``trajectory_messages``.
@@ -59,6 +73,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
+
+from rollout_types import RolloutTurn
 
 from .._version import VERSION
 from ._backend import ExecutionRequest, ExecutionResult, Sample
@@ -106,6 +122,7 @@ def build_trajectory(
     grader: ExecutionResult | None,
     timings: Mapping[str, float | None],
     workflow_info: Mapping[str, Any] | None = None,
+    turns: Sequence[RolloutTurn] = (),
 ) -> dict[str, Any] | None:
     """Build the ``trajectory.json`` document of one rollout (format in the module docstring).
 
@@ -117,6 +134,7 @@ def build_trajectory(
         grader: The grader phase's result, or None if it did not grade.
         timings: ``queued_sec``, ``workflow_sec``, ``grader_sec``, ``total_sec``.
         workflow_info: ``AgentWorkflowOutput.info``; default empty.
+        turns: The model calls the server's gateway captured, in order; default none.
 
     Returns:
         The document, or None when there is no conversation to save (no sample, or its
@@ -127,6 +145,7 @@ def build_trajectory(
     if sample is None or not sample.trajectory_messages:
         return None
     steps = conversation_steps(sample.trajectory_messages)
+    model_turns = _attach_turns(sample.trajectory_messages, steps, turns) if turns else None
     osmosis: dict[str, Any] = {"rollout_id": request.id}
     label = request.label if sample.label is None else sample.label
     for key, value in (
@@ -139,7 +158,7 @@ def build_trajectory(
     ):
         if value is not None:
             osmosis[key] = value
-    return {
+    document: dict[str, Any] = {
         "schema_version": ATIF_SCHEMA_VERSION,
         "session_id": request.id,
         "trajectory_id": request.id,
@@ -167,6 +186,108 @@ def build_trajectory(
             },
         },
     }
+    if model_turns is not None:
+        document["extra"]["rollout_server"]["model_turns"] = model_turns
+    return document
+
+
+def _normal_arguments(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):
+            return raw
+    return raw
+
+
+def _answer_key(message: Any) -> str | None:
+    """What identifies an assistant answer: its content and its tool calls (ids, names,
+    arguments), as one canonical string; None for something that is not a message."""
+    if not isinstance(message, Mapping):
+        return None
+    content = message.get("content")
+    calls: list[Any] = []
+    for call in message.get("tool_calls") or ():
+        if not isinstance(call, Mapping):
+            calls.append(repr(call))
+            continue
+        function = call.get("function")
+        function = function if isinstance(function, Mapping) else {}
+        calls.append(
+            [call.get("id"), function.get("name"), _normal_arguments(function.get("arguments"))]
+        )
+    try:
+        return json.dumps([content or "", calls], sort_keys=True, default=repr)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _turn_metrics(turn: RolloutTurn) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    if turn.prompt_token_ids is not None:
+        metrics["prompt_tokens"] = len(turn.prompt_token_ids)
+    if turn.completion_token_ids is not None:
+        metrics["completion_tokens"] = len(turn.completion_token_ids)
+    for key in ("prompt_token_ids", "completion_token_ids", "logprobs"):
+        value = getattr(turn, key)
+        if value is not None:
+            metrics[key] = value
+    metrics["extra"] = {
+        "turn_index": turn.index,
+        "weight_version": turn.weight_version,
+        "latency_sec": turn.latency_sec,
+        "flags": [str(flag) for flag in turn.flags],
+    }
+    return metrics
+
+
+def _attach_turns(
+    messages: Sequence[Any], steps: list[dict[str, Any]], turns: Sequence[RolloutTurn]
+) -> list[dict[str, Any]]:
+    """Give each agent step the metrics of its captured turn (rules in the module
+    docstring); return ``model_turns``."""
+    # Each assistant message is exactly one agent step, in the same order.
+    agent_steps = [step for step in steps if step["source"] == "agent"]
+    answers = [
+        message
+        for message in messages
+        if isinstance(message, Mapping) and message.get("role") == "assistant"
+    ]
+    keys = [
+        None if turn.response_message is None else _answer_key(turn.response_message)
+        for turn in turns
+    ]
+    step_of: dict[int, int] = {}
+    start = 0
+    for message, step in zip(answers, agent_steps, strict=True):
+        key = _answer_key(message)
+        if key is None:
+            continue
+        for position in range(start, len(turns)):
+            if keys[position] == key:
+                step["metrics"] = _turn_metrics(turns[position])
+                step_of[position] = step["step_id"]
+                start = position + 1
+                break
+    listed = []
+    for position, turn in enumerate(turns):
+        entry: dict[str, Any] = {
+            "index": turn.index,
+            "step_id": step_of.get(position),
+            "endpoint": turn.endpoint,
+            "status_code": turn.status_code,
+            "latency_sec": turn.latency_sec,
+            "weight_version": turn.weight_version,
+            "finish_reason": turn.finish_reason,
+            "flags": [str(flag) for flag in turn.flags],
+        }
+        if position not in step_of:
+            entry["response_message"] = turn.response_message
+            entry["prompt_token_ids"] = turn.prompt_token_ids
+            entry["completion_token_ids"] = turn.completion_token_ids
+            entry["logprobs"] = turn.logprobs
+        listed.append(entry)
+    return listed
 
 
 def conversation_steps(messages: Sequence[Any]) -> list[dict[str, Any]]:

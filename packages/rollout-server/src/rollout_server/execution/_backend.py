@@ -9,34 +9,48 @@ Admission control, for a backend with a bound on the work it takes: the server a
 :meth:`~ExecutionBackend.try_reserve` once per admission (False: 429). A True answer holds
 room for that rollout until the server calls :meth:`~ExecutionBackend.release_reservation`,
 which it does in the same event-loop turn as the rollout's ``execute()`` takes its first
-step, right before that step (or when the rollout is cancelled before it starts): a
-backend that counts its reservations plus the work it has started therefore sees every
-admitted rollout at every moment, whatever the number of concurrent admissions. A backend
-that overrides neither and only answers :meth:`~ExecutionBackend.has_capacity` from the
-work it has started is served exactly too: the server then admits one rollout at a time
-while earlier admissions have not started yet (each waits for the one before it to take
-its first step, usually within one loop turn).
+step, right before that step (or when the rollout is cancelled before it starts). The
+backend's :attr:`~ExecutionBackend.admission_mode` says how it counts:
+
+* ``"reservations"``: it counts its reservations plus the work it has started, so it sees
+  every admitted rollout at every moment; the server asks for every admission at once,
+  however many arrive together (LocalBackend, RayBackend);
+* ``"started_work"`` (the default): it answers from the work it has started only (the
+  default :meth:`~ExecutionBackend.try_reserve` asks :meth:`~ExecutionBackend.has_capacity`,
+  as an osmosis-ai backend answers); the server then admits one rollout at a time while
+  earlier admissions have not started yet (each waits for the one before it to take its
+  first step, usually within one loop turn), which is exact too.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final, Literal
 
 import attrs
 
-from rollout_types import RolloutErrorCategory, RolloutStatus
+from rollout_types import RolloutErrorCategory, RolloutInitRequest, RolloutStatus
 
 from ..observability._observer import NO_OBSERVER, ExecutionObserver
 
 __all__ = [
+    "INIT_NAMES",
+    "REQUEST_FIELDS",
+    "SERVER_ONLY_INIT_FIELDS",
+    "SERVER_SET_FIELDS",
+    "AdmissionMode",
     "ExecutionBackend",
     "ExecutionOutcome",
     "ExecutionRequest",
     "ExecutionResult",
     "Sample",
+    "admission_mode_of",
+    "request_from_init",
 ]
+
+AdmissionMode = Literal["reservations", "started_work"]
+"""How a backend counts admitted rollouts (:attr:`ExecutionBackend.admission_mode`)."""
 
 
 def _ignore_status(_status: RolloutStatus) -> None:
@@ -68,10 +82,18 @@ class ExecutionRequest:
     Timeouts are float seconds measured from ``admitted_at`` (a ``time.monotonic()``
     value); ``None`` means unbounded, zero or less means already expired.
     ``request_extra_fields`` is for persistence only: it is not input to the workflow.
+    With a model gateway (``--gateway``), ``chat_completions_url`` is the rollout's route
+    through it, not the caller's URL.
     ``on_status`` reports a non-terminal status change (``queued``, ``running``,
     ``grading``) to the server's registry; it is safe to call from the event loop only.
     ``observer`` takes the phase timings the backend measures (the server's metrics; a
     no-op unless the server sets it), also from the event loop only.
+    ``weight_version`` and ``group_id`` are the request's (protocol 1.1; None when not
+    given): the policy weights' version the caller serves the rollout with, and the group
+    (GRPO) it belongs to.
+
+    .. versionchanged:: 0.3
+       ``weight_version`` and ``group_id``.
     """
 
     id: str
@@ -89,6 +111,62 @@ class ExecutionRequest:
         default=_ignore_status, repr=False, eq=False
     )
     observer: ExecutionObserver = attrs.field(default=NO_OBSERVER, repr=False, eq=False)
+    weight_version: str | None = None
+    group_id: str | None = None
+
+
+SERVER_SET_FIELDS: Final = frozenset({"admitted_at", "on_status", "observer"})
+""":class:`ExecutionRequest` fields the server sets itself, of its own clock and loop."""
+
+REQUEST_FIELDS: Final = tuple(
+    field.name for field in attrs.fields(ExecutionRequest) if field.name not in SERVER_SET_FIELDS
+)
+"""The :class:`ExecutionRequest` fields that come from the admission request, in field
+order: the server copies them from ``POST /rollout`` (:func:`request_from_init`), and
+RayBackend sends them to its workers (:mod:`rollout_server.ray._codec`)."""
+
+INIT_NAMES: Final = {
+    "id": "rollout_id",
+    "prompt": "initial_messages",
+    "request_extra_fields": "extra_fields",
+}
+"""Each request field's name in ``RolloutInitRequest`` where the two differ."""
+
+SERVER_ONLY_INIT_FIELDS: Final = frozenset({"return_turns"})
+"""``RolloutInitRequest`` fields the server acts on itself and the backend never sees:
+``return_turns`` (whether the result carries the captured model turns)."""
+
+
+def _init_copier() -> Callable[..., ExecutionRequest]:
+    """The body of :func:`request_from_init`, generated once from :data:`REQUEST_FIELDS` (as
+    attrs generates ``__init__``): as cheap as the keyword call written out, where building
+    a dict of the fields per admission took 2-3 us more."""
+    copies = ", ".join(f"{name}=init.{INIT_NAMES.get(name, name)}" for name in REQUEST_FIELDS)
+    source = (
+        "def copy(init, admitted_at, on_status, observer):\n"
+        f"    return ExecutionRequest({copies}, admitted_at=admitted_at, "
+        "on_status=on_status, observer=observer)\n"
+    )
+    namespace: dict[str, Any] = {"ExecutionRequest": ExecutionRequest}
+    exec(source, namespace)  # noqa: S102 - the source is made of attrs field names only
+    copy: Callable[..., ExecutionRequest] = namespace["copy"]
+    return copy
+
+
+_copy_init: Final = _init_copier()
+
+
+def request_from_init(
+    init: RolloutInitRequest,
+    *,
+    admitted_at: float,
+    on_status: Callable[[RolloutStatus], None],
+    observer: ExecutionObserver,
+) -> ExecutionRequest:
+    """The :class:`ExecutionRequest` of an admitted ``init`` (each of
+    :data:`REQUEST_FIELDS` from its ``RolloutInitRequest`` counterpart), with the
+    server's admission stamp, status sink and observer."""
+    return _copy_init(init, admitted_at, on_status, observer)
 
 
 @attrs.frozen(kw_only=True)
@@ -138,6 +216,17 @@ class ExecutionBackend(abc.ABC):
     ``request.on_status``; otherwise the server reports ``running`` as soon as the
     execution task starts (as osmosis-ai does)."""
 
+    admission_mode: ClassVar[AdmissionMode] = "started_work"
+    """How :meth:`try_reserve` counts admitted rollouts (see the module docstring):
+    ``"reservations"`` when it counts each reservation until :meth:`release_reservation`
+    (the server then asks for concurrent admissions at once), ``"started_work"`` (the
+    default) when it answers from the work started only (the server then lets one
+    admission ask at a time while an earlier one has not started). A backend that never
+    refuses may say ``"reservations"``: it has nothing to count.
+
+    .. versionadded:: 0.3
+    """
+
     @abc.abstractmethod
     async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
         """Run one rollout to its outcome.
@@ -149,24 +238,23 @@ class ExecutionBackend(abc.ABC):
     def has_capacity(self) -> bool:
         """Whether a new rollout may be admitted now; False makes admission answer 429.
 
-        Asked only for backends that do not override :meth:`try_reserve` (the default
-        :meth:`try_reserve` asks it). Default: always True.
+        Asked by the default :meth:`try_reserve`, once per admission. Default: always True.
         """
         return True
 
     def try_reserve(self) -> bool:
         """Hold room for one rollout being admitted; False refuses it (429 + Retry-After).
 
-        The server calls this once per admission, instead of :meth:`has_capacity`, and
-        pairs every True answer with exactly one :meth:`release_reservation` call: right
-        before the rollout's ``execute()`` takes its first step, in the same loop turn, or
-        when the rollout never starts (cancelled first, or refused as a duplicate id).
-        Count the reservations held together with the work started, and the bound holds at
-        any number of concurrent admissions.
+        The server calls this once per admission and pairs every True answer with
+        exactly one :meth:`release_reservation` call: right before the rollout's
+        ``execute()`` takes its first step, in the same loop turn, or when the rollout
+        never starts (cancelled first, or refused as a duplicate id). Count the
+        reservations held together with the work started, set :attr:`admission_mode` to
+        ``"reservations"``, and the bound holds at any number of concurrent admissions.
 
-        Default: ``self.has_capacity()``, holding nothing; the server then admits one
-        rollout at a time while an earlier admission has not started (see the module
-        docstring).
+        Default: ``self.has_capacity()``, holding nothing (with the default
+        ``admission_mode``, ``"started_work"``, the server admits one rollout at a time
+        while an earlier admission has not started; see the module docstring).
 
         .. versionadded:: 0.2
         """
@@ -218,3 +306,20 @@ class ExecutionBackend(abc.ABC):
 
     async def shutdown(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Release resources once admissions have stopped and work has drained."""
+
+
+def admission_mode_of(backend: ExecutionBackend) -> AdmissionMode:
+    """``backend``'s :attr:`~ExecutionBackend.admission_mode`, checked.
+
+    Raises:
+        ValueError: When it is not one of :data:`AdmissionMode`'s values.
+    """
+    mode: object = getattr(backend, "admission_mode", None)
+    if mode == "reservations":
+        return "reservations"
+    if mode == "started_work":
+        return "started_work"
+    raise ValueError(
+        f"{type(backend).__qualname__}.admission_mode must be 'reservations' or "
+        f"'started_work'; got {mode!r}"
+    )

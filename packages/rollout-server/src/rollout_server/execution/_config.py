@@ -145,6 +145,8 @@ class BaseConfig:
             raise ValueError(f"{cls.__name__} needs a 'name'")
         return cls(**known, extra=extra)
 
+    # Speed: benchmarks/README.md, "LocalBackend: files and copies", row "Config copies share
+    #   immutable field values ..."
     def __deepcopy__(self, memo: dict[int, Any]) -> Self:
         """A deep copy made field by field: immutable values (strings, numbers, None, the
         frozen :class:`ConcurrencyConfig`) are shared, everything else is deep-copied.

@@ -3,7 +3,9 @@
 The server binds a :class:`RolloutContext` around each ``backend.execute()`` call, so
 workflow code anywhere below it can call :func:`get_rollout_context` to find the chat
 endpoint, the LLM key and the rollout id, and trace its model calls
-(:meth:`RolloutContext.model_call`).
+(:meth:`RolloutContext.model_call`). When the server runs a model gateway, the context's
+URLs name the rollout's route through it (:class:`~rollout_server.ModelRoute`)
+and the turns captured there are readable as :attr:`RolloutContext.captured_turns`.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Final, TypeAlias
 
 import attrs
 
-from rollout_types import RolloutStatus
+from rollout_types import RolloutStatus, RolloutTurn
 
 from ..observability import _tracing
 from ._backend import Sample
+from ._turns import ModelRoute
 
 __all__ = [
     "CHAT_COMPLETIONS_URL_ENV",
@@ -31,6 +34,7 @@ __all__ = [
     "context_binding",
     "current_rollout_context",
     "get_rollout_context",
+    "upstream_url",
 ]
 
 CHAT_COMPLETIONS_URL_ENV: Final = "OSMOSIS_CHAT_COMPLETIONS_URL"
@@ -55,8 +59,13 @@ class RolloutContext:
         rollout_id: The admitted id.
         chat_completions_url: OpenAI-style base URL of the policy model (agent SDKs append
             ``/chat/completions``); from the request, else ``$OSMOSIS_CHAT_COMPLETIONS_URL``.
-        api_key: Key for that endpoint; ``llm_api_key``, else ``$OSMOSIS_API_KEY``.
+            When the server runs a model gateway (``--gateway``), the rollout's route
+            through it instead (:attr:`base_url`), so that a workflow's calls are captured
+            without a change to it.
+        api_key: Key for that endpoint; ``llm_api_key``, else ``$OSMOSIS_API_KEY`` (the
+            gateway passes the workflow's ``Authorization`` header on unchanged).
         process_id: The serving process's id (``/health`` ``process_id``).
+        model_route: The rollout's route through the server's model gateway, or None.
     """
 
     rollout_id: str
@@ -67,6 +76,7 @@ class RolloutContext:
         default=lambda _status: None, repr=False, alias="on_status"
     )
     _sample_source: SampleSource | None = attrs.field(default=None, repr=False)
+    model_route: ModelRoute | None = attrs.field(default=None, repr=False)
 
     @classmethod
     def from_request(
@@ -77,16 +87,42 @@ class RolloutContext:
         llm_api_key: str | None,
         process_id: str,
         on_status: Callable[[RolloutStatus], None],
+        model_route: ModelRoute | None = None,
     ) -> RolloutContext:
-        """Build the context of one rollout, applying the environment fallbacks."""
+        """Build the context of one rollout, applying the environment fallbacks; with a
+        ``model_route``, its ``chat_completions_url`` is the route's base URL."""
         return cls(
             rollout_id=rollout_id,
-            chat_completions_url=chat_completions_url
-            or os.environ.get(CHAT_COMPLETIONS_URL_ENV, ""),
+            chat_completions_url=(
+                model_route.base_url
+                if model_route is not None
+                else chat_completions_url or os.environ.get(CHAT_COMPLETIONS_URL_ENV, "")
+            ),
             api_key=llm_api_key or os.environ.get(LLM_API_KEY_ENV) or None,
             process_id=process_id,
             on_status=on_status,
+            model_route=model_route,
         )
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible base URL this rollout's model calls go to (pass it as
+        ``base_url`` to an OpenAI client): the route through the server's model gateway
+        when it runs one, else the request's ``chat_completions_url``.
+
+        .. versionadded:: 0.3
+        """
+        return self.chat_completions_url
+
+    @property
+    def captured_turns(self) -> list[RolloutTurn]:
+        """The model calls the gateway has captured for this rollout so far (a copy; empty
+        without a gateway).
+
+        .. versionadded:: 0.3
+        """
+        route = self.model_route
+        return [] if route is None else list(route.turns)
 
     def model_call(
         self, model: str | None = None
@@ -147,6 +183,12 @@ class RolloutContext:
         if inspect.isawaitable(sample):
             sample = await sample
         return sample
+
+
+def upstream_url(chat_completions_url: str) -> str:
+    """A request's ``chat_completions_url`` after the environment fallback (what a model
+    route forwards to when the gateway has no endpoints of its own)."""
+    return chat_completions_url or os.environ.get(CHAT_COMPLETIONS_URL_ENV, "")
 
 
 def current_rollout_context() -> RolloutContext | None:

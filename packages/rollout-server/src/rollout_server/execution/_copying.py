@@ -20,6 +20,8 @@ _T = TypeVar("_T")
 _JSON_SCALARS: Final[tuple[type, ...]] = (str, int, float, bool, type(None))
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "Prompt, metadata and the
+#   trajectory snapshot copied by a JSON-aware deep copy ..."
 def copy_json(value: Any) -> Any:
     """A deep copy, several times faster than :func:`copy.deepcopy` for what JSON parsing
     gives (plain dicts, lists and scalars); anything else inside is deep-copied.

@@ -26,6 +26,12 @@ _MAKING: Final = threading.Lock()
 memory; making a directory is rare and quick)."""
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "`artifacts/` made when
+#   `ctx.artifacts_dir` is first read ..."
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "A rollout's directory kept as
+#   a string, not a Path object ..."
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "Per-rollout objects have
+#   `__slots__` ..."
 class LazyDirectory:
     """A directory that is created the first time :meth:`get` is called.
 

@@ -59,14 +59,20 @@ class ConcurrencyLimiter:
         """Whether an :meth:`acquire` now would get a slot without waiting."""
         return self._max is None or (self._running < self._max and not self._waiters)
 
+    def take(self) -> bool:
+        """Take a slot if one is free now (True; pair it with :meth:`release`)."""
+        if self.has_free_slot:
+            self._running += 1
+            return True
+        return False
+
     async def acquire(self) -> None:
         """Wait for a slot and take it; pair every successful call with :meth:`release`.
 
         Cancellation while waiting leaves the queue at once and takes no slot (a slot handed
         over in the same instant is passed on to the next waiter).
         """
-        if self.has_free_slot:
-            self._running += 1
+        if self.take():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)

@@ -25,19 +25,18 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Final
+from typing import Any, Final, Literal
 
 from rollout_types import RolloutStatus
 
-from ..observability import _tracing
-from ._admission import SlotAdmission
-from ._backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult
+from ._backend import ExecutionOutcome, ExecutionRequest, ExecutionResult
 from ._context import RolloutContext, bind_rollout_context, current_rollout_context
 from ._grader import Grader, GraderConfig
 from ._imports import resolve_class, resolve_config
 from ._lazydir import LazyDirectory
 from ._limiter import ConcurrencyLimiter
 from ._phases import Phase, PhaseRunner, RolloutRun, timed_out
+from ._slot_backend import SlotBackend
 from ._trajectory import RolloutFacts, RolloutFiles, default_artifact_root
 from ._workflow import AgentWorkflow, AgentWorkflowConfig
 
@@ -50,7 +49,7 @@ SHUTDOWN_PERSIST_WAIT_SEC: Final = 10.0
 """Longest :meth:`LocalBackend.shutdown` waits for trajectory writes still in flight."""
 
 
-class LocalBackend(ExecutionBackend):
+class LocalBackend(SlotBackend[Literal[True]]):
     """Run an :class:`~rollout_server.AgentWorkflow` (and a grader) in this process.
 
     Args:
@@ -80,8 +79,6 @@ class LocalBackend(ExecutionBackend):
             class, or a config is not a config.
     """
 
-    reports_queue_status: ClassVar[bool] = True
-
     def __init__(
         self,
         workflow: type[AgentWorkflow] | str,
@@ -103,22 +100,8 @@ class LocalBackend(ExecutionBackend):
             grader_cls,
             resolve_config(grader_config, GraderConfig, "grader_config"),
         )
-        queue_bound: object = max_queued
-        if queue_bound is not None and (
-            not isinstance(queue_bound, int) or isinstance(queue_bound, bool) or queue_bound < 0
-        ):
-            raise ValueError(
-                f"max_queued must be an int >= 0, or None to queue without bound; "
-                f"got {max_queued!r}"
-            )
-        self._admission = SlotAdmission(max_queued)
         limit = DEFAULT_MAX_CONCURRENT if config is None else config.concurrency.max_concurrent
-        if limit is None and max_queued is not None:
-            raise ValueError(
-                f"max_queued={max_queued} needs a concurrency limit, but the workflow config "
-                "has concurrency.max_concurrent=None (no limit, so nothing ever queues): set "
-                "max_concurrent, or drop max_queued"
-            )
+        super().__init__(slots=limit, max_queued=max_queued)
         self._limiter = ConcurrencyLimiter(limit)
         self._files = RolloutFiles(
             default_artifact_root()
@@ -132,51 +115,35 @@ class LocalBackend(ExecutionBackend):
         return self._limiter.max_concurrent
 
     @property
-    def max_queued(self) -> int | None:
-        """The bound on waiting rollouts, or None."""
-        return self._admission.max_queued
-
-    @property
     def artifact_root(self) -> Path:
         """The absolute directory under which each rollout's files go."""
         return self._files.root
 
+    # -- slots (SlotBackend) ----------------------------------------------------------
+
+    def _load(self) -> tuple[int, int]:
+        return self._limiter.running, self._limiter.queued
+
+    def _take_slot(self) -> Literal[True] | None:
+        return True if self._limiter.take() else None
+
+    async def _wait_for_slot(self, deadline: float | None) -> Literal[True] | None:
+        if deadline is None:
+            await self._limiter.acquire()
+            return True
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._limiter.acquire()
+        except TimeoutError:
+            return None
+        return True
+
     # -- ExecutionBackend -------------------------------------------------------------
-
-    def has_capacity(self) -> bool:
-        """False only when ``max_concurrent + max_queued`` rollouts are running, waiting
-        for a slot, or admitted and about to start (reserved by :meth:`try_reserve`)."""
-        limiter = self._limiter
-        return self._admission.has_capacity(
-            limiter.running + limiter.queued, limiter.max_concurrent
-        )
-
-    def try_reserve(self) -> bool:
-        """Count one admitted rollout until it starts, if :meth:`has_capacity` allows it."""
-        limiter = self._limiter
-        return self._admission.try_reserve(limiter.running + limiter.queued, limiter.max_concurrent)
-
-    def release_reservation(self) -> None:
-        """The reserved rollout starts now (it takes its slot or its queue place at once)."""
-        self._admission.release_reservation()
-
-    def retry_after_sec(self) -> float:
-        """How long a refused caller should wait: until the rollouts queued ahead of it
-        would have drained.
-
-        ``(queued + reserved + 1) * mean_duration / max_concurrent``, clamped to [1, 60] s, where
-        ``mean_duration`` is a moving mean (weight 0.2 for the newest) of how long finished
-        rollouts held their slot, 5 s until one has finished. 1 s without a limit (which
-        never refuses). The server rounds it up to whole seconds.
-        """
-        return self._admission.retry_after_sec(self._limiter.queued, self._limiter.max_concurrent)
 
     def health(self) -> dict[str, Any]:
         """``{"status": "ok", "concurrency": {"max_concurrent", "queued", "running",
         "max_queued"}}``."""
-        concurrency = self._limiter.snapshot()
-        concurrency["max_queued"] = self._admission.max_queued
-        return {"status": "ok", "concurrency": concurrency}
+        return {"status": "ok", "concurrency": self._concurrency()}
 
     async def shutdown(self) -> None:
         """Wait (up to 10 s) for trajectory writes still in flight (those of cancelled
@@ -215,7 +182,7 @@ class LocalBackend(ExecutionBackend):
             binding = bind_rollout_context(ambient)
         else:
             binding = contextlib.nullcontext(ambient)  # the server bound it already
-
+        run.route = ambient.model_route
         try:
             with binding:
                 outcome = await self._execute(run, ambient)
@@ -231,9 +198,7 @@ class LocalBackend(ExecutionBackend):
 
     async def _execute(self, run: RolloutRun, ambient: RolloutContext) -> ExecutionOutcome:
         request = run.request
-        with _tracing.phase_span("queue", request.id):
-            acquired = await self._acquire(run)
-        if not acquired:
+        if not await self._queue_for_slot(run):
             run.workflow = timed_out(run, Phase.WORKFLOW)
             return ExecutionOutcome(workflow=run.workflow)
         held_from = time.monotonic()
@@ -262,29 +227,7 @@ class LocalBackend(ExecutionBackend):
         finally:
             self._limiter.release()
             if finished:
-                self._admission.observe_duration(time.monotonic() - held_from)
-
-    async def _acquire(self, run: RolloutRun) -> bool:
-        """Take a slot; False when the agent deadline passed first (no slot is then held)."""
-        timeout = run.request.agent_timeout_sec
-        if not self._limiter.has_free_slot:
-            run.request.on_status(RolloutStatus.QUEUED)
-        try:
-            if timeout is None:
-                await self._limiter.acquire()
-                return True
-            remaining = timeout - (time.monotonic() - run.entered)
-            if remaining <= 0:
-                return False
-            try:
-                async with asyncio.timeout(remaining):
-                    await self._limiter.acquire()
-            except TimeoutError:
-                return False
-            return True
-        finally:
-            run.queued_sec = time.monotonic() - run.entered
-            run.request.observer.observe_queue_wait(run.queued_sec)
+                self._slot_held_for(time.monotonic() - held_from)
 
     @staticmethod
     def _facts(
@@ -296,6 +239,7 @@ class LocalBackend(ExecutionBackend):
             reported=reported,
             timings=run.timings(),
             workflow_info=run.workflow_info,
+            turns=() if run.route is None else tuple(run.route.turns),
         )
 
     def _persist_cancelled(self, run: RolloutRun) -> None:

@@ -123,6 +123,8 @@ def _expire(batch: list[_Job], timeout_sec: float) -> None:
         )
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "File jobs (a rollout's
+#   directory, its trajectory write) of one loop turn ..."
 class BatchOffloader:
     """Run short blocking jobs of one event loop in batches, on the loop or in a thread.
 

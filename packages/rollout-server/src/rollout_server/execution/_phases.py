@@ -52,6 +52,7 @@ from ._context import RolloutContext
 from ._copying import copy_or_keep, snapshot_messages
 from ._grader import Grader, GraderConfig, GraderContext
 from ._lazydir import LazyDirectory
+from ._turns import ModelRoute
 from ._workflow import AgentWorkflow, AgentWorkflowConfig, AgentWorkflowOutput, WorkflowContext
 
 __all__ = ["UNBOUNDED", "Phase", "PhaseRunner", "RolloutRun", "timed_out"]
@@ -85,9 +86,13 @@ class _Unbounded:
         return False
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "No `asyncio.timeout` object
+#   for a rollout whose workflow has no deadline ..."
 UNBOUNDED: Final = _Unbounded()
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "A rollout's directory kept as
+#   a string, not a Path object ..."
 @attrs.define(kw_only=True, eq=False)
 class RolloutRun:
     """The mutable record of one rollout inside :meth:`LocalBackend.execute`.
@@ -101,6 +106,8 @@ class RolloutRun:
         workflow_sec, grader_sec: Seconds each phase ran, or None if it did not.
         workflow, grader: Each phase's result once it has one.
         workflow_info: ``AgentWorkflowOutput.info``.
+        route: The rollout's route through the server's model gateway (its captured
+            turns go into the trajectory), or None.
     """
 
     request: ExecutionRequest
@@ -113,6 +120,7 @@ class RolloutRun:
     workflow: ExecutionResult | None = None
     grader: ExecutionResult | None = None
     workflow_info: dict[str, Any] = attrs.Factory(dict)
+    route: ModelRoute | None = None
 
     @classmethod
     def start(cls, request: ExecutionRequest) -> RolloutRun:
@@ -307,6 +315,7 @@ class PhaseRunner:
                                 config=config,
                                 metadata=copy_or_keep(request.metadata),
                                 artifacts_dir=artifacts_dir,
+                                base_url=ambient.base_url,
                             )
                             returned = await workflow.run(context)
                             produced = await _sample_from(returned, run, ambient)

@@ -42,13 +42,13 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
-from rollout_types import is_single_path_segment
+from rollout_types import RolloutTurn, is_single_path_segment
 
 from .._logtext import get_logger
 from .._sanitize import fit_json
@@ -114,6 +114,7 @@ class RolloutFacts:
         reported: The result the caller is told; None means ``outcome.reported()``.
         timings: ``queued_sec``, ``workflow_sec``, ``grader_sec``, ``total_sec``.
         workflow_info: ``AgentWorkflowOutput.info``.
+        turns: The model calls the server's gateway captured, in order (none without one).
     """
 
     request: ExecutionRequest
@@ -121,6 +122,7 @@ class RolloutFacts:
     reported: ExecutionResult | None = None
     timings: Mapping[str, float | None]
     workflow_info: Mapping[str, Any] = attrs.field(factory=dict)
+    turns: Sequence[RolloutTurn] = ()
 
 
 def trajectory_document(facts: RolloutFacts) -> dict[str, Any] | None:
@@ -142,6 +144,7 @@ def trajectory_document(facts: RolloutFacts) -> dict[str, Any] | None:
         grader=grader,
         timings=facts.timings,
         workflow_info=facts.workflow_info,
+        turns=facts.turns,
     )
 
 
@@ -199,6 +202,8 @@ def _create_temp(path: Path) -> tuple[int, str]:
         return tempfile.mkstemp(dir=directory, prefix=f".{base}.", suffix=".tmp")
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "`trajectory.json` as compact
+#   JSON from the C encoder ..."
 def encode_document(document: Any, name: str, owner: str = "") -> bytes:
     """``document`` as compact strict JSON in UTF-8, with a final newline.
 
@@ -233,6 +238,8 @@ def _encode(document: Any) -> bytes:
     return text.encode() + b"\n"
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "An atomic write costs one
+#   `open` ..."
 def write_json_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (a temporary file, then a rename).
 
@@ -285,6 +292,8 @@ def write_rollout_files(
             write_json_atomic(rollout_dir / name, data)
 
 
+# Speed: benchmarks/README.md, "LocalBackend: files and copies", row "An atomic write costs one
+#   `open` ..."
 def make_directory(path: str | os.PathLike[str]) -> None:
     """Create the directory ``path`` and any missing parents; fine if it exists.
 
@@ -440,4 +449,6 @@ def _write_done(
     elif rollout_logger.isEnabledFor(logging.DEBUG):
         # DEBUG, not INFO: a line per rollout on the hot path (the server's own "finished"
         # line already says the rollout is done).
+        # Speed: benchmarks/README.md, "Server: the `rollout-server serve` process", row "The log
+        #   lines of one loop turn written with one `write` ..."
         rollout_logger.debug("Rollout %s: trajectory saved in %s", request.id, rollout_dir)

@@ -104,6 +104,13 @@ class WorkflowContext:
         artifacts_dir: ``<artifact_root>/<rollout_id>/artifacts/`` for files the workflow
             wants kept, or None when it cannot be created. LocalBackend creates it when it
             is first read (see :attr:`artifacts_dir`); a path given here is used as is.
+        base_url: The OpenAI-compatible base URL of the policy model for this rollout (the
+            same as ``get_rollout_context().base_url``): the rollout's route through the
+            server's model gateway when it runs one (its calls are then captured as
+            turns), else the request's ``chat_completions_url``; "" when neither is known.
+
+    .. versionchanged:: 0.3
+       ``base_url``.
     """
 
     rollout_id: str
@@ -113,6 +120,7 @@ class WorkflowContext:
     _artifacts_dir: Path | LazyDirectory | None = attrs.field(
         default=None, alias="artifacts_dir", repr=directory_repr
     )
+    base_url: str = ""
 
     @property
     def artifacts_dir(self) -> Path | None:

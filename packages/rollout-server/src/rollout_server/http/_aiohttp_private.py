@@ -77,6 +77,8 @@ HandlerFactory = Callable[..., web.RequestHandler]
 way ``web.Server`` builds a ``web.RequestHandler``."""
 
 
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "The connection's
+#   keep-alive timer is cancelled while a poll waits ..."
 def pause_keepalive_timer(request: web.Request) -> None:
     """Drop the idle keep-alive timer of the connection ``request`` came on.
 

@@ -16,7 +16,7 @@ the request, throttled logging of peer errors, the header read timeout.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
 from aiohttp import web
@@ -30,6 +30,7 @@ from rollout_types import (
 
 from .._errors import ServerConfigError
 from ..execution._backend import ExecutionBackend
+from ..gateway._gateway import ModelGateway
 from ..observability._tracing import ServerTracing, default_tracer_provider
 from ..protocol._server import RolloutServer
 from ..protocol._settings import (
@@ -54,6 +55,9 @@ __all__ = ["ROLLOUT_SERVER_KEY", "create_rollout_server"]
 ROLLOUT_SERVER_KEY: Final = web.AppKey("rollout_server", RolloutServer)
 """Where :func:`create_rollout_server` stores the app's :class:`RolloutServer`."""
 
+MODEL_GATEWAY_KEY: Final = web.AppKey("model_gateway", ModelGateway)
+"""Where :func:`create_rollout_server` stores the app's model gateway, when it has one."""
+
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     """The app's cleanup context: bind the registry to the serving loop, open the state
@@ -63,13 +67,20 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     server = app[ROLLOUT_SERVER_KEY]
     _ = server.registry.loop
     await server.open_state()
+    gateway = app.get(MODEL_GATEWAY_KEY)
     try:
-        await server.backend.startup()
-    except BaseException:
-        await server.close()  # releases the state store for the next start
-        raise
-    yield
-    await server.drain(collect=False)
+        try:
+            if gateway is not None:
+                await gateway.start()
+            await server.backend.startup()
+        except BaseException:
+            await server.close()  # releases the state store for the next start
+            raise
+        yield
+        await server.drain(collect=False)
+    finally:
+        if gateway is not None:
+            await gateway.stop()
 
 
 async def _on_shutdown(app: web.Application) -> None:
@@ -96,7 +107,10 @@ def create_rollout_server(
     body_read_timeout_sec: float = DEFAULT_BODY_READ_TIMEOUT_SEC,
     metrics: bool = True,
     tracer_provider: Any = None,
+    gateway: bool = False,
+    model_endpoints: Sequence[str] = (),
     settings: ServerSettings | None = None,
+    model_gateway: ModelGateway | None = None,
     state: str = MEMORY,
 ) -> web.Application:
     """Build the rollout protocol server as an aiohttp application.
@@ -143,6 +157,17 @@ def create_rollout_server(
         settings: All the settings above at once (``api_key`` and ``tracer_provider``
             are not settings); default None: built from the keywords. When given, leave
             the setting keywords at their defaults.
+        gateway: Whether to run a model gateway (a :class:`~rollout_server.ModelGateway`
+            with the default options) when ``model_gateway`` is not given; default False.
+        model_endpoints: Model endpoints' base URLs for that gateway (a non-empty list
+            implies ``gateway``); default none: each request's ``chat_completions_url``.
+        model_gateway: A :class:`~rollout_server.ModelGateway` that gives each
+            rollout its own OpenAI-compatible base URL (the rollout context's
+            ``chat_completions_url`` and ``base_url``) and records its model calls as turns
+            (in ``trajectory.json``, and in the result of a request with
+            ``return_turns``); it starts and stops with the app. Default None: workflows
+            call the request's endpoint directly (unless ``settings.gateway`` or
+            ``settings.model_endpoints`` asks for one), and ``return_turns`` gets 422.
         state: Where admissions and results are kept, so that a restart loses nothing:
             ``"memory:"`` (default: nothing survives the process) or
             ``"sqlite:///ABS/PATH.db"`` (a SQLite file: an admission is answered 202 and a
@@ -157,9 +182,11 @@ def create_rollout_server(
 
     Raises:
         ServerConfigError: (a ``ValueError``) If an argument is out of range, or
-            ``settings`` and a setting's keyword are both given.
+            ``settings`` and a setting's keyword are both given, or ``model_gateway`` and
+            ``settings.model_endpoints`` both.
         TypeError: If ``backend`` is not an :class:`ExecutionBackend`, ``settings`` not a
-            :class:`ServerSettings` or ``shutdown_timeouts`` not a :class:`ShutdownTimeouts`.
+            :class:`ServerSettings` or ``shutdown_timeouts`` not a :class:`ShutdownTimeouts`,
+            or ``model_gateway`` not a :class:`~rollout_server.ModelGateway`.
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2
@@ -167,12 +194,17 @@ def create_rollout_server(
        ``tracer_provider``; request lines (and so result URLs) are limited to 8190 bytes,
        and longer ids are refused at admission.
     .. versionchanged:: 0.3
-       ``settings`` and ``state``.
+       ``settings``, ``gateway``, ``model_endpoints``, ``model_gateway`` and ``state``.
     """
     if not isinstance(backend, ExecutionBackend):
         raise TypeError(
             "backend must be an instance of rollout_server.ExecutionBackend (subclass it and "
             f"implement execute()); got {type(backend).__name__}"
+        )
+    if model_gateway is not None and not isinstance(model_gateway, ModelGateway):
+        raise TypeError(
+            "model_gateway must be a rollout_server.ModelGateway; "
+            f"got {type(model_gateway).__name__}"
         )
     settings = resolve_settings(
         settings,
@@ -189,8 +221,17 @@ def create_rollout_server(
             "body_read_timeout_sec": body_read_timeout_sec,
             "metrics": metrics,
             "state": state,
+            "gateway": gateway,
+            "model_endpoints": model_endpoints,
         },
     )
+    if model_gateway is None and (settings.gateway or settings.model_endpoints):
+        model_gateway = ModelGateway(endpoints=settings.model_endpoints)
+    elif model_gateway is not None and settings.model_endpoints:
+        raise ServerConfigError(
+            "model_endpoints (a setting) and model_gateway both given; pass the endpoints "
+            "to ModelGateway(endpoints=...)"
+        )
     check_api_key(api_key, error=ServerConfigError)
 
     provider = default_tracer_provider() if tracer_provider is None else tracer_provider
@@ -199,6 +240,7 @@ def create_rollout_server(
         settings=settings,
         requires_auth=api_key is not None,
         tracing=None if provider is None else ServerTracing(provider),
+        model_router=model_gateway,
     )
     app = web.Application(
         middlewares=[make_protocol_middleware(api_key)],
@@ -219,6 +261,8 @@ def create_rollout_server(
     )
     install_request_handler(app, guard.handler)
     app[ROLLOUT_SERVER_KEY] = server
+    if model_gateway is not None:
+        app[MODEL_GATEWAY_KEY] = model_gateway
     app.add_routes(Routes(server).table())
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_on_shutdown)

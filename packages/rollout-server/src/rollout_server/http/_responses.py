@@ -26,11 +26,15 @@ class _JsonResponse(web.Response):
     connection idles in a keep-alive pool or carries the next long poll.
     """
 
+    # Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "Response bodies are
+    #   let go once sent ..."
     async def write_eof(self, data: bytes = b"") -> None:
         await super().write_eof(data)
         self.body = None  # the access log reads body_length, which write_eof has set
 
 
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "Response bodies are let
+#   go once sent ..."
 def json_response(
     status: int, body: bytes, headers: Mapping[str, str] | None = None
 ) -> web.Response:

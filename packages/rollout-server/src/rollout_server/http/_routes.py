@@ -48,6 +48,7 @@ from ._responses import detail_response, json_response
 from ._validation import (
     header_error,
     too_deep_error,
+    turns_unavailable_error,
     unencodable_id_error,
     unpollable_id_error,
 )
@@ -173,6 +174,8 @@ class Routes:
             too_long = unpollable_id_error(init.rollout_id)
             if too_long is not None:
                 raise too_long
+            if init.return_turns and not self._server.captures_turns:
+                raise turns_unavailable_error()
         except WireValidationError as exc:
             return detail_response(422, exc.errors)
         except _BodyError as exc:
@@ -229,6 +232,10 @@ class Routes:
         body, content_type = metrics.exposition(request.headers.get(hdrs.ACCEPT))
         return web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
 
+    # Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "The result route
+    #   runs without a middleware frame ..."
+    # Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "The connection's
+    #   keep-alive timer is cancelled while a poll waits ..."
     async def result(self, request: web.Request) -> web.Response:
         """``GET /rollout/{rollout_id}/result``: 422 → 404 → 403 → the result, or renew the
         lease and long-poll.

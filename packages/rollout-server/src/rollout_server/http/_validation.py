@@ -54,6 +54,29 @@ def header_error(name: str, value: str | None) -> WireValidationError:
     return WireValidationError([entry])
 
 
+TURNS_UNAVAILABLE_MESSAGE: Final = (
+    "Value error, this server captures no model turns, so it cannot return them: start it "
+    "with --gateway (create_rollout_server(model_gateway=...)), or drop return_turns"
+)
+
+
+def turns_unavailable_error() -> WireValidationError:
+    """Build the 422 for ``return_turns: true`` sent to a server without a model gateway
+    (refused rather than answered without turns, which a trainer could not tell apart from
+    a rollout that made no model call)."""
+    return WireValidationError(
+        [
+            {
+                "type": "value_error",
+                "loc": ["body", "return_turns"],
+                "msg": TURNS_UNAVAILABLE_MESSAGE,
+                "input": True,
+                "ctx": {"error": {}},
+            }
+        ]
+    )
+
+
 def too_deep_error() -> WireValidationError:
     """Build the 422 for a JSON body nested deeper than the interpreter can decode or walk
     (refused like any undecodable body)."""

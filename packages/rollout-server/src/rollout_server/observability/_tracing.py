@@ -105,6 +105,7 @@ def _rollout_tracer() -> Any:
     return api.context.get_value(api.tracer_key)
 
 
+# Speed: benchmarks/README.md, "Server: observability", row "Tracing free when off ..."
 def phase_span(name: str, rollout_id: str) -> contextlib.AbstractContextManager[Any]:
     """A span around one phase of a rollout (made current inside the ``with`` block), or a
     no-op when the rollout is not traced.
@@ -135,6 +136,7 @@ def set_outcome(span: Any, status: object, category: object = None) -> None:
         span.set_status(api.trace.Status(api.trace.StatusCode.ERROR, str(category)))
 
 
+# Speed: benchmarks/README.md, "Server: observability", row "Tracing free when off ..."
 def start_span(name: str, rollout_id: str) -> Any:
     """Start a span of the current rollout that ends elsewhere (:func:`end_span`); None when
     the rollout is not traced."""
@@ -155,6 +157,7 @@ def end_span(span: Any, error: BaseException | None = None) -> None:
     span.end()
 
 
+# Speed: benchmarks/README.md, "Server: observability", row "Tracing free when off ..."
 def model_call(
     rollout_id: str, model: str | None = None
 ) -> contextlib.AbstractContextManager[dict[str, str]]:
@@ -186,6 +189,7 @@ def _model_call(
         yield headers
 
 
+# Speed: benchmarks/README.md, "Server: observability", row "Tracing free when off ..."
 def current_trace_ids() -> tuple[str, str] | None:
     """``(trace_id, span_id)`` in hex of the span current here, or None (no valid span, or
     nothing traced in this process)."""

@@ -36,6 +36,7 @@ from ..execution._backend import (
 )
 from ..execution._categorize import categorize_exception
 from ..execution._context import RolloutContext, context_binding
+from ..execution._turns import ModelRoute
 from ..state._record import ResultFields, RolloutRecord
 from ..state._registry import RolloutRegistry
 
@@ -138,6 +139,8 @@ class StatusSink:
         self._registry.set_status(self._record, status)
 
 
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "The execution task runs
+#   `backend.execute()` itself ..."
 def start_execution(
     *,
     registry: RolloutRegistry,
@@ -146,6 +149,7 @@ def start_execution(
     request: ExecutionRequest,
     process_id: str,
     on_start: Callable[[], None],
+    model_route: ModelRoute | None = None,
 ) -> asyncio.Task[Any]:
     """Start the execution task of one rollout: ``backend.execute(request)`` itself.
 
@@ -166,6 +170,8 @@ def start_execution(
         request: What the backend receives.
         process_id: The server instance's ``process_id`` (for the ambient context).
         on_start: Called once, right before the task's first step (see above).
+        model_route: The rollout's route through the server's model gateway (bound into
+            its context), or None.
 
     Returns:
         The task, scheduled on the registry's loop.
@@ -188,6 +194,7 @@ def start_execution(
             llm_api_key=request.llm_api_key,
             process_id=process_id,
             on_status=request.on_status,
+            model_route=model_route,
         )
     )
     return loop.create_task(backend.execute(request), context=context)

@@ -110,6 +110,8 @@ def _count(value: Any) -> float | None:
     return float(value)
 
 
+# Speed: benchmarks/README.md, "Server: observability", row "Gauges (statuses, waiting polls,
+#   uncollected results, capacity, lifecycle) computed when scraped ..."
 class _StateCollector(Collector):
     """The gauges of one server, computed at scrape time."""
 
@@ -200,6 +202,8 @@ class _StateCollector(Collector):
                 yield GaugeMetricFamily(name, text, value=value)
 
 
+# Speed: benchmarks/README.md, "Server: observability", row "Gauges (statuses, waiting polls,
+#   uncollected results, capacity, lifecycle) computed when scraped ..."
 class ServerMetrics(ExecutionObserver):
     """The metrics of one server (see the module docstring and the README's table).
 

@@ -9,11 +9,12 @@ the staged shutdown (:mod:`rollout_server.protocol._shutdown`) once, and owns th
 observe the registry, the cancellations and every execution. It knows no HTTP: the routes
 (:mod:`rollout_server.http._routes`) and the app (:mod:`rollout_server.http._app`) sit on top of it.
 
-Admission asks the backend for room exactly once per admitted rollout, however many
-admissions run at once (see :mod:`rollout_server.execution._backend`): a backend with
-``try_reserve()`` holds a reservation until the rollout's execution starts; for a backend
-that only answers ``has_capacity()``, the server counts its own admitted-but-not-started
-rollouts and lets a new admission ask only once none is left (:class:`AdmissionTurns`).
+Admission asks the backend's ``try_reserve()`` exactly once per admitted rollout, however
+many admissions run at once, and ends each reservation when the rollout's execution starts
+(see :mod:`rollout_server.execution._backend`). The backend's ``admission_mode`` says whether
+it counts those reservations (``"reservations"``) or only the work it has started
+(``"started_work"``); for the latter, the server counts its own admitted-but-not-started
+rollouts and lets a new admission ask only once none is left (:class:`~rollout_server.protocol._turns.AdmissionTurns`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
+import attrs
+
 from rollout_types import (
     PROTOCOL_VERSION,
     CancelDisposition,
@@ -38,7 +41,8 @@ from rollout_types import (
 
 from .._logtext import get_logger
 from .._sanitize import fit_json
-from ..execution._backend import ExecutionBackend, ExecutionRequest
+from ..execution._backend import ExecutionBackend, admission_mode_of, request_from_init
+from ..execution._turns import ModelRouter
 from ..observability._observer import NO_OBSERVER, ExecutionObserver
 from ..observability._tracing import ServerTracing
 from ..state._durability import StoreLink
@@ -47,6 +51,7 @@ from ..state._registry import PublicationObserver, RolloutRegistry
 from ..state._store import StateStore, parse_state_url, store_for
 from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._cancellation import Cancellation
+from ._capture import TurnCapture
 from ._execution import StatusSink, execution_result, start_execution
 from ._metrics import ServerMetrics
 from ._recovery import Recovery, health_fields, recover
@@ -85,9 +90,6 @@ class Refusal(enum.Enum):
     DUPLICATE = 409
 
 
-def _overrides(backend: ExecutionBackend, name: str) -> bool:
-    """Whether ``backend``'s class has its own ``name`` rather than the base class's."""
-    return getattr(type(backend), name, None) is not getattr(ExecutionBackend, name)
 
 
 _NOT_TRACED: Final = contextlib.nullcontext()
@@ -119,6 +121,8 @@ class RolloutServer:
         requires_auth: Whether requests must carry the API key.
         metrics: The Prometheus metrics (``GET /metrics``), or None when turned off.
         tracing: The OpenTelemetry spans of the server, or None when it does not trace.
+        model_router: The model gateway that gives each rollout a route (and captures its
+            turns), or None.
         deliveries: Told of every first delivery of a result; the shutdown's collect
             window waits on it.
         state: Where admissions and results are kept (``memory:`` or ``sqlite:///...``,
@@ -145,6 +149,7 @@ class RolloutServer:
         tracing: ServerTracing | None = None,
         settings: ServerSettings | None = None,
         state: str | None = None,
+        model_router: ModelRouter | None = None,
     ) -> None:
         """Build the server from ``settings``, or from the keyword of each setting (None,
         or a field's default, is "not given"; see :class:`~rollout_server.ServerSettings`
@@ -191,6 +196,8 @@ class RolloutServer:
         self.instance_id = _instance_id_from_env() or self.process_id
         self.metrics = ServerMetrics(self) if settings.metrics else None
         self.tracing = tracing
+        self.model_router = model_router
+        self._capture = None if model_router is None else TurnCapture(model_router)
         self.deliveries = DeliveryWatch()
         observers: list[PublicationObserver] = [
             observer for observer in (self.metrics, tracing) if observer is not None
@@ -200,7 +207,7 @@ class RolloutServer:
             polling_lease_timeout_sec=settings.polling_lease_timeout_sec,
             result_retention_sec=settings.result_retention_sec,
             on_lease_expired=self._on_lease_expired,
-            outcome_of=execution_result,
+            outcome_of=execution_result if self._capture is None else self._capture.outcome_of,
             status_change_grace_sec=settings.status_change_grace_sec,
             observers=observers,
         )
@@ -214,8 +221,7 @@ class RolloutServer:
         self._trace_scope: Callable[[RolloutRecord], contextlib.AbstractContextManager[None]] = (
             _not_traced if tracing is None else tracing.rollout_scope
         )
-        self._reserves = _overrides(backend, "try_reserve")
-        self._takes_turns = not self._reserves and _overrides(backend, "has_capacity")
+        self._takes_turns = admission_mode_of(backend) == "started_work"
         self._turns: AdmissionTurns | None = None
         self._accepting = True
         self._side_tasks: set[asyncio.Task[Any]] = set()
@@ -278,11 +284,10 @@ class RolloutServer:
         if not self._accepting:
             return Refusal.SHUTTING_DOWN
         backend = self.backend
-        if not (backend.try_reserve() if self._reserves else backend.has_capacity()):
+        if not backend.try_reserve():
             return Refusal.QUEUE_FULL
         if init.rollout_id in self.registry:
-            if self._reserves:
-                self._release_reservation()
+            self._release_reservation()
             return Refusal.DUPLICATE
         return None
 
@@ -302,13 +307,11 @@ class RolloutServer:
         try:
             token = await link.admit(init.rollout_id)
         except BaseException:
-            if self._reserves:
-                self._release_reservation()
+            self._release_reservation()
             raise
         if not self._accepting:  # shutdown began during the write
             link.forget(init.rollout_id)
-            if self._reserves:
-                self._release_reservation()
+            self._release_reservation()
             return Refusal.SHUTTING_DOWN
         return self._register(init, token)
 
@@ -321,40 +324,41 @@ class RolloutServer:
         scheduled = False
 
         def start(record: RolloutRecord) -> asyncio.Task[Any]:
-            request = ExecutionRequest(
-                id=init.rollout_id,
-                prompt=init.initial_messages,
-                chat_completions_url=init.chat_completions_url,
-                llm_api_key=init.llm_api_key,
-                label=init.label,
-                metadata=init.metadata,
-                grade=init.grade,
-                agent_timeout_sec=init.agent_timeout_sec,
-                grader_timeout_sec=init.grader_timeout_sec,
-                request_extra_fields=init.extra_fields,
+            capture = self._capture
+            route = None if capture is None else capture.open(init)
+            request = request_from_init(
+                init,
                 admitted_at=admitted_at,
                 on_status=StatusSink(registry, record),
                 observer=observer,
             )
+            if route is not None:
+                # The backend sees the rollout's route: a backend that builds its own
+                # context (in a worker process) calls the gateway too.
+                request = attrs.evolve(request, chat_completions_url=route.base_url)
             nonlocal scheduled
             scheduled = True  # start_execution schedules _on_start before anything else
             if self._turns is not None:
                 self._turns.unstarted += 1
             # Traced: the task's context gets the rollout's span (and the server's tracer).
             with trace_scope(record):
-                return start_execution(
+                task = start_execution(
                     registry=registry,
                     backend=backend,
                     record=record,
                     request=request,
                     process_id=self.process_id,
                     on_start=self._on_start,
+                    model_route=route,
                 )
+            if capture is not None and route is not None:
+                capture.watch(task, route)
+            return task
 
         try:
             _record, token = registry.register(init.rollout_id, start, admitted_at, token)
         except BaseException:
-            if not scheduled and self._reserves:
+            if not scheduled:
                 self._release_reservation()
             raise
         return token
@@ -363,14 +367,18 @@ class RolloutServer:
         """An admitted rollout starts (or never will): end its reservation or turn."""
         if self._turns is not None:
             self._turns.started()
-        if self._reserves:
-            self._release_reservation()
+        self._release_reservation()
 
     def _release_reservation(self) -> None:
         try:
             self.backend.release_reservation()
         except Exception:
             logger.exception("backend.release_reservation() failed")
+
+    @property
+    def captures_turns(self) -> bool:
+        """Whether the server runs a model gateway (and so can answer ``return_turns``)."""
+        return self._capture is not None
 
     # -- cancellation ---------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -77,6 +78,29 @@ def _positive_int(_inst: object, attribute: attrs.Attribute[int], value: object)
         raise ServerConfigError(f"{attribute.name} must be a positive int; got {value!r}")
 
 
+def _endpoints(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise TypeError(
+            f"model_endpoints must be a list or tuple of URLs; got {type(value).__name__}"
+        )
+    return tuple(value)
+
+
+def _endpoint_urls(
+    _inst: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+) -> None:
+    for url in value:
+        given: object = url
+        if not isinstance(given, str) or urlsplit(url).scheme not in ("http", "https"):
+            raise ServerConfigError(
+                f"{attribute.name}: {url!r} is not an http(s) URL (for example "
+                "http://127.0.0.1:8000/v1)"
+            )
+    stripped = [url.rstrip("/") for url in value]
+    if len(set(stripped)) != len(stripped):
+        raise ServerConfigError(f"{attribute.name}: duplicate model endpoints in {list(value)!r}")
+
+
 def _stage_bounds(
     _inst: object, attribute: attrs.Attribute[ShutdownTimeouts], value: object
 ) -> None:
@@ -122,6 +146,14 @@ class ServerSettings:
         metrics: Whether to serve Prometheus metrics at ``GET /metrics``; default True.
         shutdown_timeouts: Bounds of the staged shutdown, seconds each; default
             :class:`ShutdownTimeouts()` (10, 120, 10, 30 and 5).
+        gateway: Whether to run a model gateway (a :class:`~rollout_server.ModelGateway`
+            that :func:`~rollout_server.create_rollout_server` builds): each rollout's
+            workflow gets its own base URL, and its model calls are captured as turns;
+            default False.
+        model_endpoints: Model endpoints' base URLs (http or https, no duplicates) the
+            gateway spreads rollouts over by consistent hashing on their group; a non-empty
+            tuple implies ``gateway``. Default ``()``: each rollout's calls go to its
+            request's ``chat_completions_url``.
         state: Where admissions and results are kept so that a restart loses nothing:
             ``"memory:"`` (default: nothing survives the process) or
             ``"sqlite:///ABS/PATH.db"`` (see :func:`~rollout_server.create_rollout_server`);
@@ -130,7 +162,8 @@ class ServerSettings:
 
     Raises:
         ServerConfigError: (a ``ValueError``) If a value is out of range, naming the field.
-        TypeError: If ``shutdown_timeouts`` is not a :class:`ShutdownTimeouts`.
+        TypeError: If ``shutdown_timeouts`` is not a :class:`ShutdownTimeouts`, or
+            ``model_endpoints`` not a list or tuple.
 
     .. versionadded:: 0.3
     """
@@ -161,6 +194,10 @@ class ServerSettings:
     metrics: bool = attrs.field(default=True, converter=bool)
     shutdown_timeouts: ShutdownTimeouts = attrs.field(
         factory=ShutdownTimeouts, validator=_stage_bounds
+    )
+    gateway: bool = attrs.field(default=False, converter=bool)
+    model_endpoints: tuple[str, ...] = attrs.field(
+        default=(), converter=_endpoints, validator=_endpoint_urls
     )
     state: str = attrs.field(default=MEMORY, converter=_state_url)
 

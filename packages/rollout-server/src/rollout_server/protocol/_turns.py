@@ -1,5 +1,6 @@
-"""``AdmissionTurns``: admissions in arrival order, for a backend that only answers
-``has_capacity()`` (see :mod:`rollout_server.protocol._server`, which owns one per server)."""
+"""``AdmissionTurns``: admissions in arrival order, for a backend whose ``admission_mode``
+is ``"started_work"`` (see :mod:`rollout_server.protocol._server`, which owns one per
+server)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ __all__ = ["AdmissionTurns"]
 
 
 class AdmissionTurns:
-    """Admissions in arrival order, each asking a ``has_capacity()``-only backend only once
+    """Admissions in arrival order, each asking a ``"started_work"`` backend only once
     every rollout admitted before it has started (and so counts in the backend's answer).
 
-    Used only for backends without ``try_reserve()`` whose ``has_capacity()`` can refuse.
+    Used only for backends whose ``admission_mode`` is ``"started_work"``.
     Without contention an admission passes at once; otherwise it waits for its turn, which
     comes once the rollouts admitted before it have taken their first step (usually the
     next loop turn).

@@ -31,27 +31,22 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 from rollout_types import RolloutErrorCategory, RolloutStatus
 
 from .._logtext import get_logger
-from ..execution._admission import SlotAdmission
-from ..execution._backend import (
-    ExecutionBackend,
-    ExecutionOutcome,
-    ExecutionRequest,
-    ExecutionResult,
-)
+from ..execution._backend import ExecutionOutcome, ExecutionRequest, ExecutionResult
 from ..execution._context import current_rollout_context
 from ..execution._grader import Grader, GraderConfig
 from ..execution._local_backend import LocalBackend
-from ..execution._phases import Phase, RolloutRun, entered_at, timed_out
+from ..execution._phases import Phase, RolloutRun, timed_out
+from ..execution._slot_backend import SlotBackend
 from ..execution._workflow import AgentWorkflow, AgentWorkflowConfig
-from ..observability import _tracing
-from ._dispatch import RolloutLostError, ServerDeadlineError
+from ._codec import decode_outcome
+from ._dispatch import PoolWorker, RolloutLostError, ServerDeadlineError
 from ._pool import WorkerPool
-from ._worker import CANCELLED, RolloutWorker, WorkerSpec, decode_outcome
+from ._worker import CANCELLED, RolloutWorker, WorkerSpec
 
 __all__ = ["RayBackend"]
 
@@ -105,7 +100,7 @@ def _failed(exc: Exception, category: RolloutErrorCategory) -> ExecutionOutcome:
     )
 
 
-class RayBackend(ExecutionBackend):
+class RayBackend(SlotBackend[PoolWorker]):
     """Run an :class:`~rollout_server.AgentWorkflow` (and a grader) on a pool of Ray actors.
 
     Each worker is a :class:`LocalBackend` built from this backend's ``workflow``,
@@ -155,8 +150,6 @@ class RayBackend(ExecutionBackend):
     .. versionadded:: 0.2
     """
 
-    reports_queue_status: ClassVar[bool] = True
-
     def __init__(
         self,
         workflow: type[AgentWorkflow] | str,
@@ -189,7 +182,10 @@ class RayBackend(ExecutionBackend):
             raise ValueError(f"num_workers must be an int >= 1; got {num_workers!r}")
         self._num_workers = num_workers
         self._slots = template.max_concurrent
-        self._admission = SlotAdmission(max_queued)
+        super().__init__(
+            slots=None if self._slots is None else num_workers * self._slots,
+            max_queued=max_queued,
+        )
         options = dict(worker_options or {})
         reserved = sorted(RESERVED_OPTIONS.intersection(options))
         if reserved:
@@ -220,6 +216,7 @@ class RayBackend(ExecutionBackend):
         self._pool: WorkerPool | None = None
         self._starting: asyncio.Future[WorkerPool] | None = None
         self._owns_ray = False
+        self._address_used: str | None = None
         self._cluster_address: str | None = None
 
     # -- properties -------------------------------------------------------------------
@@ -235,21 +232,9 @@ class RayBackend(ExecutionBackend):
         return self._slots
 
     @property
-    def max_queued(self) -> int | None:
-        """The bound on waiting rollouts, or None."""
-        return self._admission.max_queued
-
-    @property
     def cluster_address(self) -> str | None:
         """The Ray cluster's address once started (its GCS ``host:port``), else None."""
         return self._cluster_address
-
-    def worker_pids(self) -> list[int | None]:
-        """The process id of each pool position's live worker (None while it starts)."""
-        pool = self._pool
-        if pool is None:
-            return [None] * self._num_workers
-        return [None if w is None or not w.serving else w.info.get("pid") for w in pool.workers]
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -281,6 +266,7 @@ class RayBackend(ExecutionBackend):
         if not ray.is_initialized():
             ray.init(address=address, **self._init_options)
             self._owns_ray = True
+            self._address_used = address
         self._cluster_address = ray.get_runtime_context().gcs_address
         pool = WorkerPool(
             remote_class=ray.remote(RolloutWorker),
@@ -324,43 +310,39 @@ class RayBackend(ExecutionBackend):
         if self._owns_ray:
             import ray
 
+            logger.info(
+                "RayBackend: %s at %s",
+                "stopping the local Ray cluster it started"
+                if self._address_used == "local"
+                else "disconnecting from the Ray cluster",
+                self._cluster_address,
+            )
             ray.shutdown()
             self._owns_ray = False
+        logger.info("RayBackend: shutdown complete")
 
-    # -- admission --------------------------------------------------------------------
+    # -- slots (SlotBackend) ----------------------------------------------------------
 
-    def _holding(self) -> tuple[int, int | None]:
-        """Rollouts running or queued in the pool, and the slots of its live workers."""
+    def _load(self) -> tuple[int, int]:
+        pool = self._pool
+        return (0, 0) if pool is None else (pool.slots.running, pool.slots.queued)
+
+    def _live_slots(self) -> int | None:
+        """The slots of the live workers (none before the pool has started)."""
         pool = self._pool
         if pool is None:
-            return 0, 0 if self._slots is not None else None
-        return pool.running + pool.queued, pool.capacity()
+            return None if self._slots is None else 0
+        return pool.slots.capacity()
 
-    def has_capacity(self) -> bool:
-        """False only when ``max_queued`` rollouts wait beyond the slots of the live
-        workers, counting admitted rollouts that have not started yet."""
-        return self._admission.has_capacity(*self._holding())
+    def _take_slot(self) -> PoolWorker | None:
+        assert self._pool is not None  # execute() starts the pool first
+        return self._pool.slots.take()
 
-    def try_reserve(self) -> bool:
-        """Count one admitted rollout until it starts, if :meth:`has_capacity` allows it."""
-        return self._admission.try_reserve(*self._holding())
+    async def _wait_for_slot(self, deadline: float | None) -> PoolWorker | None:
+        assert self._pool is not None
+        return await self._pool.slots.acquire(deadline)
 
-    def release_reservation(self) -> None:
-        """The reserved rollout starts now (it takes its slot or its queue place at once)."""
-        self._admission.release_reservation()
-
-    def retry_after_sec(self) -> float:
-        """How long a refused caller should wait: until the rollouts queued ahead of it
-        would have drained.
-
-        ``(queued + reserved + 1) * mean_duration / slots``, clamped to [1, 60] s, where
-        ``slots`` counts every worker's and ``mean_duration`` is a moving mean (weight 0.2
-        for the newest) of how long finished rollouts held a worker slot, 5 s until one
-        has finished. 1 s without a slot limit (which never refuses).
-        """
-        pool = self._pool
-        slots = None if self._slots is None else self._num_workers * self._slots
-        return self._admission.retry_after_sec(0 if pool is None else pool.queued, slots)
+    # -- health -----------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
         """``{"status", "concurrency": {...}, "ray": {...}}``.
@@ -375,18 +357,14 @@ class RayBackend(ExecutionBackend):
         """
         pool = self._pool
         slots = self._slots
-        concurrency = {
-            "max_concurrent": None if slots is None else self._num_workers * slots,
-            "queued": 0 if pool is None else pool.queued,
-            "running": 0 if pool is None else pool.running,
-            "max_queued": self._admission.max_queued,
-        }
         ray_fields: dict[str, Any] = {
             "address": self._cluster_address,
             "workers": self._num_workers,
-            "workers_alive": 0 if pool is None else pool.alive,
+            "workers_alive": 0 if pool is None else pool.slots.alive,
             "slots_per_worker": slots,
-            "free_slots": (0 if slots is not None else None) if pool is None else pool.free_slots(),
+            "free_slots": (0 if slots is not None else None)
+            if pool is None
+            else pool.slots.free_slots(),
             "lost": 0 if pool is None else pool.lost_count,
             "replaced": 0 if pool is None else pool.replacements,
             "pool": []
@@ -398,11 +376,11 @@ class RayBackend(ExecutionBackend):
         }
         if pool is None:
             status = "starting"
-        elif pool.alive == self._num_workers:
+        elif pool.slots.alive == self._num_workers:
             status = "ok"
         else:
-            status = "degraded" if pool.alive else "unavailable"
-        return {"status": status, "concurrency": concurrency, "ray": ray_fields}
+            status = "degraded" if pool.slots.alive else "unavailable"
+        return {"status": status, "concurrency": self._concurrency(), "ray": ray_fields}
 
     # -- execution --------------------------------------------------------------------
 
@@ -426,33 +404,27 @@ class RayBackend(ExecutionBackend):
             await self.startup()
             pool = self._pool
             assert pool is not None
-        loop = asyncio.get_running_loop()
-        entered = entered_at(request)
-        timeout = request.agent_timeout_sec
-        # The agent deadline on the loop's clock (time.monotonic() for asyncio and uvloop).
-        deadline = None if timeout is None else loop.time() + (entered + timeout - time.monotonic())
-        worker = pool.take()
-        if worker is None:
-            request.on_status(RolloutStatus.QUEUED)
-            with _tracing.phase_span("queue", request.id):
-                worker = await pool.acquire(deadline)
-        now = time.monotonic()
-        request.observer.observe_queue_wait(now - entered)
-        if worker is None:  # the agent deadline passed in the queue
-            run = RolloutRun(request=request, entered=entered, queued_sec=now - entered)
+        run = RolloutRun.start(request)
+        worker = await self._queue_for_slot(run)
+        if worker is None:  # the agent deadline passed first
             return ExecutionOutcome(workflow=timed_out(run, Phase.WORKFLOW))
+        held_from = time.monotonic()
         request.on_status(RolloutStatus.RUNNING)
         ambient = current_rollout_context()
         process_id = (
             ambient.process_id if ambient is not None and ambient.rollout_id == request.id else ""
         )
-        dispatch = pool.dispatch(
-            worker,
-            request,
-            now - entered,
-            process_id,
-            None if deadline is None else deadline + self._deadline_grace_sec,
+        timeout = request.agent_timeout_sec
+        # The server's deadline for the workflow, on the loop's clock: the agent deadline
+        # plus the grace.
+        deadline = (
+            None
+            if timeout is None
+            else asyncio.get_running_loop().time()
+            + (run.entered + timeout - held_from)
+            + self._deadline_grace_sec
         )
+        dispatch = pool.dispatch(worker, request, held_from - run.entered, process_id, deadline)
         try:
             reply = await dispatch.future
         except asyncio.CancelledError:
@@ -464,7 +436,7 @@ class RayBackend(ExecutionBackend):
         except RolloutLostError as exc:
             logger.error("Rollout %s: %s", request.id, exc)
             return _failed(exc, RolloutErrorCategory.INTERNAL_ERROR)
-        self._admission.observe_duration(time.monotonic() - now)
+        self._slot_held_for(time.monotonic() - held_from)
         if reply == CANCELLED:
             # Stopped on the worker without a cancellation from here (Ray's own).
             return ExecutionOutcome(

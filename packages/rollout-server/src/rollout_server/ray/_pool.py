@@ -1,13 +1,11 @@
 """The worker pool of :class:`~rollout_server.RayBackend`, on the server's event loop.
 
 The pool keeps ``size`` :class:`~rollout_server.ray._worker.RolloutWorker` actors, each
-with ``slots`` slots (None: no limit), and does the accounting the server's admission
-relies on:
+with ``slots`` slots (None: no limit):
 
-* **Slots.** A rollout holds a slot of one worker from its dispatch until the worker has
-  acknowledged its end (its ``run`` call returned) or the worker is gone. Waiting
-  rollouts queue here, in arrival order; a freed slot goes straight to the oldest waiter,
-  on the least-loaded live worker (not by fixed chunks).
+* **Slots.** :class:`~rollout_server.ray._slots.WorkerSlots` (:attr:`WorkerPool.slots`)
+  counts the slots each worker holds and queues the rollouts waiting for one; the pool
+  tells it when a dispatch ends (a slot is free) and when a worker starts serving.
 * **Calls.** One Ray call per rollout (``run``), whose reply is the outcome, and one
   ``events()`` call in flight per worker for the ``grading`` reports; each call's end is
   a callback on this loop (:func:`~rollout_server.ray._dispatch.when_done`), not a task.
@@ -22,15 +20,13 @@ relies on:
   backoff until it serves. One incarnation per actor handle (no Ray-side restarts) keeps
   the fate of every call unambiguous; Ray never re-runs a call (``max_task_retries=0``).
 
-The module is about 500 lines because the pool is one class: slots, dispatches, deadlines
-and losses change the same counts and must stay consistent at every step; what it keeps per
-worker and per rollout lives in :mod:`rollout_server.ray._dispatch`.
+Dispatches, deadlines and losses change the same counts and stay in this one class; what
+it keeps per worker and per rollout lives in :mod:`rollout_server.ray._dispatch`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -42,6 +38,7 @@ from rollout_types import RolloutStatus
 
 from .._logtext import get_logger
 from ..execution._backend import ExecutionRequest
+from ._codec import encode_request
 from ._dispatch import (
     Dispatch,
     PoolWorker,
@@ -52,7 +49,8 @@ from ._dispatch import (
     lost_message,
     when_done,
 )
-from ._worker import WorkerSpec, encode_request
+from ._slots import WorkerSlots
+from ._worker import WorkerSpec
 
 __all__ = ["WorkerPool"]
 
@@ -91,14 +89,13 @@ class WorkerPool:
         self._remote_class = remote_class
         self._spec = spec
         self.size = size
-        self.slots = slots
         self._options = actor_options
         self._start_timeout_sec = start_timeout_sec
         self._cancel_grace_sec = cancel_grace_sec
         self.deadline_grace_sec = deadline_grace_sec
         self._loop = asyncio.get_running_loop()
         self.workers: list[PoolWorker | None] = [None] * size
-        self._waiters: collections.deque[asyncio.Future[PoolWorker]] = collections.deque()
+        self.slots = WorkerSlots(self.workers, slots, self._loop)
         self._keys = itertools.count(1)
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -141,9 +138,9 @@ class WorkerPool:
         logger.info(
             "Ray %s serves %s slot(s)",
             worker.label,
-            "unlimited" if self.slots is None else self.slots,
+            "unlimited" if self.slots.per_worker is None else self.slots.per_worker,
         )
-        self._hand_out()
+        self.slots.hand_out()
         return worker
 
     async def close(self, *, drain_sec: float = 5.0) -> None:
@@ -154,6 +151,13 @@ class WorkerPool:
         workers = [worker for worker in self.workers if worker is not None]
         live = [worker for worker in workers if worker.serving]
         if live:
+            logger.info(
+                "RayBackend: waiting up to %gs for %d rollout(s) and the file writes on %d "
+                "worker(s)",
+                drain_sec,
+                sum(len(worker.inflight) for worker in live),
+                len(live),
+            )
             calls = [
                 asyncio.wrap_future(worker.handle.shutdown.remote().future()) for worker in live
             ]
@@ -162,110 +166,17 @@ class WorkerPool:
                 call.add_done_callback(consume)
             for call in pending:
                 call.cancel()
+            if pending:
+                logger.warning(
+                    "RayBackend: %d worker(s) did not finish within %gs; stopping them anyway",
+                    len(pending),
+                    drain_sec,
+                )
+        if workers:
+            logger.info("RayBackend: stopping %d worker(s)", len(workers))
         for worker in workers:
             self._lose(worker, "the rollout server shut the pool down", replace=False)
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.cancel()
-        self._waiters.clear()
-
-    # -- slots ----------------------------------------------------------------------------
-
-    @property
-    def alive(self) -> int:
-        """Workers that serve now."""
-        return sum(1 for worker in self.workers if worker is not None and worker.serving)
-
-    @property
-    def queued(self) -> int:
-        """Rollouts waiting for a slot."""
-        return sum(1 for waiter in self._waiters if not waiter.done())
-
-    @property
-    def running(self) -> int:
-        """Slots held on live workers."""
-        return sum(worker.held for worker in self.workers if worker is not None and worker.serving)
-
-    def capacity(self) -> int | None:
-        """Slots of the live workers, or None without a limit."""
-        return None if self.slots is None else self.slots * self.alive
-
-    def free_slots(self) -> int | None:
-        """Slots free on live workers now, or None without a limit."""
-        capacity = self.capacity()
-        return None if capacity is None else capacity - self.running
-
-    def take(self) -> PoolWorker | None:
-        """A slot on the least-loaded live worker now, or None (every slot is busy, or
-        others wait already)."""
-        if self._waiters:
-            return None
-        return self._least_loaded()
-
-    def _least_loaded(self) -> PoolWorker | None:
-        best: PoolWorker | None = None
-        limit = self.slots
-        for worker in self.workers:
-            if (
-                worker is not None
-                and worker.serving
-                and (limit is None or worker.held < limit)
-                and (best is None or worker.held < best.held)
-            ):
-                best = worker
-        if best is not None:
-            best.held += 1
-        return best
-
-    async def acquire(self, deadline: float | None) -> PoolWorker | None:
-        """Wait for a slot on the least-loaded live worker, in arrival order.
-
-        Args:
-            deadline: ``loop.time()`` past which to stop waiting, or None.
-
-        Returns:
-            The worker whose slot is now held, or None when ``deadline`` passed first.
-
-        Raises:
-            asyncio.CancelledError: When cancelled while waiting (no slot is held then).
-            RuntimeError: When the pool is closed.
-        """
-        if self._closed:
-            raise RuntimeError("the RayBackend pool is closed")
-        waiter: asyncio.Future[PoolWorker] = self._loop.create_future()
-        self._waiters.append(waiter)
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await waiter
-        except TimeoutError:
-            self._give_back(waiter)
-            return None
-        except asyncio.CancelledError:
-            self._give_back(waiter)
-            raise
-
-    def _give_back(self, waiter: asyncio.Future[PoolWorker]) -> None:
-        if waiter.done() and not waiter.cancelled():
-            # A slot was handed over in the same instant: pass it on.
-            self._release(waiter.result())
-        else:
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(waiter)
-
-    def _release(self, worker: PoolWorker) -> None:
-        worker.held -= 1
-        if self._waiters:
-            self._hand_out()
-
-    def _hand_out(self) -> None:
-        while self._waiters:
-            if self._waiters[0].done():
-                del self._waiters[0]
-                continue
-            worker = self._least_loaded()
-            if worker is None:
-                return
-            self._waiters.popleft().set_result(worker)
+        self.slots.close()
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -280,7 +191,7 @@ class WorkerPool:
         """Send one rollout to ``worker`` (whose slot the caller holds).
 
         Args:
-            worker: From :meth:`take` or :meth:`acquire`.
+            worker: From the pool's :attr:`slots` (``take()`` or ``acquire()``).
             request: The server's request (its ``on_status`` receives ``grading``).
             elapsed_sec: Seconds since the rollout's admission.
             process_id: The server's ``process_id`` (for the worker's rollout context).
@@ -419,7 +330,7 @@ class WorkerPool:
         worker = dispatch.worker
         worker.inflight.pop(dispatch.key, None)
         if worker.lost is None:
-            self._release(worker)
+            self.slots.release(worker)
 
     # -- reports and deaths ---------------------------------------------------------------
 

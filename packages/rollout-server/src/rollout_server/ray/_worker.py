@@ -10,10 +10,11 @@ the slot count the server's pool gives each worker: nothing ever queues here.
 The server talks to the actor through five methods:
 
 * :meth:`RolloutWorker.run` executes one rollout and returns its outcome with the phase
-  times the LocalBackend measured (:func:`encode_outcome`), or :data:`CANCELLED` once a
-  cancellation has stopped it: the call's end is the server's acknowledgement that the
-  rollout no longer runs. One call per rollout, and nothing else on the way for most:
-  ``running`` is the server's to report (it holds the worker's slot from the dispatch);
+  times the LocalBackend measured (:func:`~rollout_server.ray._codec.encode_outcome`),
+  or :data:`CANCELLED` once a cancellation has stopped it: the call's end is the
+  server's acknowledgement that the rollout no longer runs. One call per rollout, and
+  nothing else on the way for most: ``running`` is the server's to report (it holds the
+  worker's slot from the dispatch);
 * :meth:`RolloutWorker.events` is a long poll for ``grading`` reports: one call in flight
   per worker carries them for all its rollouts, after :data:`GRADING_REPORT_DELAY_SEC`, and
   a rollout that ends before then has its report folded into its result (never sent);
@@ -22,9 +23,7 @@ The server talks to the actor through five methods:
 * :meth:`RolloutWorker.ready` says which process and node the actor runs in;
 * :meth:`RolloutWorker.shutdown` waits (bounded) for trajectory writes still in flight.
 
-Requests and outcomes travel as tuples of plain values (:func:`encode_request`,
-:func:`encode_outcome`): Ray packs those with msgpack, much cheaper than pickling the
-attrs classes for every rollout.
+Requests and outcomes travel as tuples of plain values (:mod:`rollout_server.ray._codec`).
 
 This module does not import Ray: the backend wraps the class with ``ray.remote`` when it
 starts, so importing ``rollout_server`` never needs Ray.
@@ -36,29 +35,19 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
 
-from rollout_types import RolloutErrorCategory, RolloutStatus
+from rollout_types import RolloutStatus
 
-from ..execution._backend import ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
+from ..execution._backend import ExecutionOutcome, ExecutionResult
 from ..execution._categorize import categorize_exception
 from ..execution._context import RolloutContext, bind_rollout_context
 from ..execution._local_backend import LocalBackend
-from ..observability._observer import ExecutionObserver
+from ._codec import PhaseTimes, decode_request, encode_outcome
 
-__all__ = [
-    "CANCELLED",
-    "GRADING_REPORT_DELAY_SEC",
-    "PhaseTimes",
-    "RolloutWorker",
-    "WorkerSpec",
-    "decode_outcome",
-    "encode_outcome",
-    "encode_request",
-]
+__all__ = ["CANCELLED", "GRADING_REPORT_DELAY_SEC", "RolloutWorker", "WorkerSpec"]
 
 CANCELLED: Final = "cancelled"
 """What :meth:`RolloutWorker.run` returns for a rollout that a cancellation stopped."""
@@ -96,180 +85,6 @@ class WorkerSpec:
             grader_config=self.grader_config,
             artifact_root=self.artifact_root,
         )
-
-
-# -- what travels ----------------------------------------------------------------------
-
-
-def encode_request(
-    key: int, request: ExecutionRequest, elapsed_sec: float, process_id: str
-) -> tuple[Any, ...]:
-    """``request`` as :meth:`RolloutWorker.run` receives it, under its dispatch ``key``:
-    plain values, without the server's callbacks, and with the seconds since admission
-    instead of the admission stamp (monotonic clocks differ between nodes). One argument:
-    Ray serializes each argument of a call on its own."""
-    return (
-        key,
-        request.id,
-        request.prompt,
-        request.chat_completions_url,
-        request.llm_api_key,
-        request.label,
-        request.metadata,
-        request.grade,
-        request.agent_timeout_sec,
-        request.grader_timeout_sec,
-        request.request_extra_fields,
-        elapsed_sec,
-        process_id,
-    )
-
-
-def _decode_request(
-    payload: tuple[Any, ...],
-    admitted_at: Callable[[float], float],
-    on_status: Callable[[RolloutStatus], None],
-    observer: ExecutionObserver,
-) -> tuple[ExecutionRequest, str]:
-    (
-        _key,
-        rollout_id,
-        prompt,
-        url,
-        api_key,
-        label,
-        metadata,
-        grade,
-        agent_timeout,
-        grader_timeout,
-        extra,
-        elapsed,
-        process_id,
-    ) = payload
-    request = ExecutionRequest(
-        id=rollout_id,
-        prompt=prompt,
-        chat_completions_url=url,
-        llm_api_key=api_key,
-        label=label,
-        metadata=metadata,
-        grade=grade,
-        agent_timeout_sec=agent_timeout,
-        grader_timeout_sec=grader_timeout,
-        request_extra_fields=extra,
-        admitted_at=admitted_at(elapsed),
-        on_status=on_status,
-        observer=observer,
-    )
-    return request, process_id
-
-
-def _encode_result(result: ExecutionResult | None) -> tuple[Any, ...] | None:
-    """A phase result without what stays in the worker's files: the trajectory snapshot
-    and the diagnostics (``extra_fields``)."""
-    if result is None:
-        return None
-    sample = result.sample
-    packed = (
-        None
-        if not isinstance(sample, Sample)
-        else (
-            sample.messages,
-            sample.label,
-            sample.reward,
-            sample.remove_sample,
-            sample.metrics,
-            sample.extra_fields,
-        )
-    )
-    category = None if result.err_category is None else str(result.err_category)
-    return (str(result.status), packed, result.err_message, category)
-
-
-def _decode_result(packed: tuple[Any, ...] | None) -> ExecutionResult | None:
-    if packed is None:
-        return None
-    status, sample, message, category = packed
-    return ExecutionResult(
-        status=RolloutStatus(status),
-        sample=None
-        if sample is None
-        else Sample(
-            messages=sample[0],
-            label=sample[1],
-            reward=sample[2],
-            remove_sample=sample[3],
-            metrics=sample[4],
-            extra_fields=sample[5],
-        ),
-        err_message=message,
-        err_category=None if category is None else RolloutErrorCategory(category),
-    )
-
-
-@attrs.define(kw_only=True, eq=False)
-class PhaseTimes(ExecutionObserver):
-    """The phase times a worker's LocalBackend measured for one rollout (its observer
-    there); they travel back with the outcome for the server's observer."""
-
-    workflow_sec: float | None = None
-    grading_sec: float | None = None
-    write_sec: float | None = None
-    write_failed: bool = False
-
-    def observe_queue_wait(self, seconds: float) -> None:
-        """Ignored: a worker never queues; the server measures the queue wait."""
-
-    def observe_workflow(self, seconds: float) -> None:
-        """Keep the workflow's time."""
-        self.workflow_sec = seconds
-
-    def observe_grading(self, seconds: float) -> None:
-        """Keep the grader's time."""
-        self.grading_sec = seconds
-
-    def observe_trajectory_write(self, seconds: float, *, failed: bool) -> None:
-        """Keep the trajectory write's time."""
-        self.write_sec = seconds
-        self.write_failed = failed
-
-    def replay(self, observer: ExecutionObserver) -> None:
-        """Report the kept times to ``observer`` (on the server's loop)."""
-        if self.workflow_sec is not None:
-            observer.observe_workflow(self.workflow_sec)
-        if self.grading_sec is not None:
-            observer.observe_grading(self.grading_sec)
-        if self.write_sec is not None:
-            observer.observe_trajectory_write(self.write_sec, failed=self.write_failed)
-
-
-def encode_outcome(outcome: ExecutionOutcome, times: PhaseTimes) -> tuple[Any, ...]:
-    """What :meth:`RolloutWorker.run` returns for a finished rollout.
-
-    Anything in a sample must pickle; otherwise the server reports the rollout as
-    ``internal_error`` saying its result could not be returned.
-    """
-    return (
-        _encode_result(outcome.workflow),
-        _encode_result(outcome.grader),
-        (times.workflow_sec, times.grading_sec, times.write_sec, times.write_failed),
-    )
-
-
-def decode_outcome(reply: tuple[Any, ...]) -> tuple[ExecutionOutcome, PhaseTimes]:
-    """The outcome and phase times of a :func:`encode_outcome` reply."""
-    workflow, grader, (workflow_sec, grading_sec, write_sec, write_failed) = reply
-    decoded = _decode_result(workflow)
-    assert decoded is not None
-    return (
-        ExecutionOutcome(workflow=decoded, grader=_decode_result(grader)),
-        PhaseTimes(
-            workflow_sec=workflow_sec,
-            grading_sec=grading_sec,
-            write_sec=write_sec,
-            write_failed=write_failed,
-        ),
-    )
 
 
 # -- the actor -------------------------------------------------------------------------
@@ -319,12 +134,12 @@ class RolloutWorker:
         }
 
     async def run(self, payload: tuple[Any, ...]) -> tuple[Any, ...] | str:
-        """Execute one rollout; return :func:`encode_outcome`'s tuple, or
+        """Execute one rollout; return ``encode_outcome()``'s tuple, or
         :data:`CANCELLED`. An exception of ``execute()`` becomes a categorised failure, as
         the server reports one.
 
         Args:
-            payload: :func:`encode_request`'s tuple; its first item is the dispatch key
+            payload: ``encode_request()``'s tuple; its first item is the dispatch key
                 (unique per pool), by which reports and cancellations name the rollout.
         """
         key: int = payload[0]
@@ -332,7 +147,7 @@ class RolloutWorker:
             self._cancelled_early.discard(key)
             return CANCELLED
         times = PhaseTimes()
-        request, process_id = _decode_request(
+        request, process_id = decode_request(
             payload,
             lambda elapsed: time.monotonic() - max(0.0, elapsed),
             _Reporter(self, key),

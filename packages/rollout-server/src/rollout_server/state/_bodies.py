@@ -25,6 +25,7 @@ from rollout_types import (
     RolloutResultResponse,
     RolloutSample,
     RolloutStatus,
+    RolloutTurn,
     dumps,
 )
 
@@ -80,8 +81,10 @@ def result_body(
     sample: RolloutSample | None,
     err_message: str | None,
     err_category: RolloutErrorCategory | None,
+    turns: list[RolloutTurn] | None = None,
 ) -> bytes:
-    """The result document of a published rollout (spec section 4.6)."""
+    """The result document of a published rollout (spec section 4.6); ``turns`` only for
+    a caller that asked for them (absent from the document when None)."""
     return encode(
         RolloutResultResponse(
             rollout_id=rollout_id,
@@ -89,6 +92,7 @@ def result_body(
             sample=sample,
             err_message=err_message,
             err_category=err_category,
+            turns=turns,
         )
     )
 

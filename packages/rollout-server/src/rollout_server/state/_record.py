@@ -14,7 +14,13 @@ import hashlib
 import hmac
 from typing import Any, NamedTuple
 
-from rollout_types import CancelDisposition, RolloutErrorCategory, RolloutSample, RolloutStatus
+from rollout_types import (
+    CancelDisposition,
+    RolloutErrorCategory,
+    RolloutSample,
+    RolloutStatus,
+    RolloutTurn,
+)
 
 from ._deadlines import Entry
 
@@ -28,6 +34,8 @@ class ResultFields(NamedTuple):
     sample: RolloutSample | None = None
     err_message: str | None = None
     err_category: RolloutErrorCategory | None = None
+    turns: list[RolloutTurn] | None = None
+    """The captured model turns, for a caller that asked for them (protocol 1.1)."""
 
 
 def token_digest(token: str) -> bytes:

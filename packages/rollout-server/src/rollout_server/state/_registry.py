@@ -37,7 +37,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from rollout_types import CancelDisposition, RolloutErrorCategory, RolloutSample, RolloutStatus
+from rollout_types import (
+    CancelDisposition,
+    RolloutErrorCategory,
+    RolloutSample,
+    RolloutStatus,
+    RolloutTurn,
+)
 
 from .._logtext import get_logger
 from ._bodies import result_body
@@ -221,6 +227,7 @@ class RolloutRegistry(RecordTable):
         sample: RolloutSample | None = None,
         err_message: str | None = None,
         err_category: RolloutErrorCategory | None = None,
+        turns: list[RolloutTurn] | None = None,
     ) -> bool:
         """Fix the result of ``record``, unless one is fixed already (exactly once).
 
@@ -242,6 +249,7 @@ class RolloutRegistry(RecordTable):
             sample=sample,
             err_message=err_message,
             err_category=err_category,
+            turns=turns,
         )
         self._undelivered += 1
         if link is None:
@@ -271,7 +279,9 @@ class RolloutRegistry(RecordTable):
                 record.rollout_id,
                 error or "cancelled",
             )
-        self._fix(record, body, *fields)
+        self._fix(
+            record, body, fields.status, fields.sample, fields.err_message, fields.err_category
+        )
 
     def _fix(  # noqa: PLR0917 - the fields of publish(), positional on the hot path
         self,
@@ -431,6 +441,7 @@ class RolloutRegistry(RecordTable):
             sample=fields.sample,
             err_message=fields.err_message,
             err_category=fields.err_category,
+            turns=fields.turns,
         )
 
     def close(self) -> None:
