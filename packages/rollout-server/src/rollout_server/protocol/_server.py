@@ -14,7 +14,8 @@ many admissions run at once, and ends each reservation when the rollout's execut
 (see :mod:`rollout_server.execution._backend`). The backend's ``admission_mode`` says whether
 it counts those reservations (``"reservations"``) or only the work it has started
 (``"started_work"``); for the latter, the server counts its own admitted-but-not-started
-rollouts and lets a new admission ask only once none is left (:class:`~rollout_server.protocol._turns.AdmissionTurns`).
+rollouts and lets a new admission ask only once none is left
+(:class:`~rollout_server.protocol._turns.AdmissionTurns`).
 """
 
 from __future__ import annotations
@@ -88,8 +89,6 @@ class Refusal(enum.Enum):
     SHUTTING_DOWN = 503
     QUEUE_FULL = 429
     DUPLICATE = 409
-
-
 
 
 _NOT_TRACED: Final = contextlib.nullcontext()
