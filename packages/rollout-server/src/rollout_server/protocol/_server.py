@@ -126,7 +126,7 @@ class RolloutServer:
             window waits on it.
         state: Where admissions and results are kept (``memory:`` or ``sqlite:///...``,
             the setting of the same name).
-        recovery: What the last start recovered from :attr:`state`.
+        recovery: What the last start recovered from ``state`` (counts).
     """
 
     def __init__(
@@ -233,11 +233,15 @@ class RolloutServer:
     # -- durable state --------------------------------------------------------------------
 
     async def open_state(self) -> None:
-        """Open the state store and recover what it holds (see
-        :mod:`rollout_server.protocol._recovery`); the app does it before it serves.
+        """Open the state store and recover what it holds: results stay collectable with
+        their original lease tokens, rollouts that were in flight are published as
+        ``failure`` / ``internal_error`` naming the server process that ended (see
+        ``protocol/_recovery.py``). The app does it before it serves.
 
         Raises:
-            StateOpenError: If the store cannot be opened (``rollout-server serve`` exits 2).
+            ServerConfigError: If the store cannot be opened: a file that is corrupt, held by
+                another server, read-only or of a newer schema (``rollout-server serve``
+                exits 2 with the message).
         """
         self.recovery = await recover(self.registry, self._store, process_id=self.process_id)
 
