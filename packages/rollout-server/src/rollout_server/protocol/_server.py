@@ -283,7 +283,7 @@ class RolloutServer:
 
     def _refusal(self, init: RolloutInitRequest) -> Refusal | None:
         """Why ``init`` cannot be admitted now, if it cannot; else the backend's room is
-        taken (reserved, for a backend with ``try_reserve()``)."""
+        taken (one ``try_reserve()``, whatever the backend's ``admission_mode``)."""
         if not self._accepting:
             return Refusal.SHUTTING_DOWN
         backend = self.backend
