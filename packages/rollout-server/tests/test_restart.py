@@ -284,6 +284,37 @@ class TestSigkillRestart:
         assert "State file" in second.output  # the close line, with the commit figures
 
 
+class TestSigtermRestart:
+    async def test_a_graceful_stop_keeps_what_its_shutdown_published(
+        self, app_dir: Path, session: aiohttp.ClientSession, tmp_path: Path
+    ) -> None:
+        """After SIGTERM the staged shutdown has answered a running rollout (cancelled) and
+        stored it: the restarted server serves that answer to the original token, and
+        fails nothing by the restart."""
+        state = f"sqlite://{tmp_path / 'state.db'}"
+        with serve(app_dir, "--port", "0", "--state", state) as first:
+            await first.listening()
+            port = first.port
+            held = await admit(session, first.url, init("held", hold=True))
+            done = await admit(session, first.url, init("done", hold=False))
+            async with asyncio.timeout(EVENT_SEC):
+                document = await health(session, first.url)
+                while document["lifecycle"]["active_rollouts"] != 1:
+                    await asyncio.sleep(0.05)  # another process's state: polled
+                    document = await health(session, first.url)
+            first.process.send_signal(signal.SIGTERM)
+            assert await first.exit_status() == 0
+        with serve(app_dir, "--port", str(port), "--state", state) as second:
+            await second.listening()
+            document = await health(session, second.url)
+            assert document["state"]["recovered_rollouts"] == 2
+            assert document["state"]["failed_by_restart"] == 0
+            status, body = await poll(session, second.url, "held", held)
+            assert (status, body["status"], body["err_message"]) == (200, "cancelled", "cancelled")
+            status, body = await poll(session, second.url, "done", done)
+            assert (status, body["status"]) == (200, "success")
+
+
 class TestCommandState:
     async def test_the_default_state_file_is_keyed_by_port_under_xdg_state_home(
         self, app_dir: Path, session: aiohttp.ClientSession, tmp_path: Path
