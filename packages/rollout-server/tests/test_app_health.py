@@ -16,7 +16,7 @@ from rollout_types import PROTOCOL_VERSION
 class TestHealth:
     async def test_fields(self, harness: Any) -> None:
         """The body merges the backend's fields with instance_id, process_id (a UUID4),
-        lifecycle and the protocol version."""
+        lifecycle, the protocol version and the state store's figures."""
         reply = await harness.health()
         assert reply.status == 200
         assert reply.json == {
@@ -26,6 +26,15 @@ class TestHealth:
             "process_id": reply.json["process_id"],
             "lifecycle": {"accepting_rollouts": True, "active_rollouts": 0},
             "protocol_version": PROTOCOL_VERSION,
+            "state": {
+                "store": "memory",
+                "recovered_rollouts": 0,
+                "failed_by_restart": 0,
+                "commits": 0,
+                "writes": 0,
+                "largest_commit": 0,
+                "failed_commits": 0,
+            },
         }
         assert str(uuid.UUID(reply.json["process_id"], version=4)) == reply.json["process_id"]
 

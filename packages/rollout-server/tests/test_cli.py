@@ -694,7 +694,8 @@ class TestSubprocess:
             serving = next(line for line in output.lines if b"serving" in line).decode()
             assert (
                 "rollout-server serving cli_targets:stubborn: backend LocalBackend (4 slot(s), "
-                f"queue bound 8, artifact root {tmp_path}); auth off; protocol "
+                f"queue bound 8, artifact root {tmp_path}); auth off; state memory: (nothing "
+                "survives a restart; pass --state sqlite:///ABS/PATH.db to keep it); protocol "
             ) in serving
             assert serving.rstrip().endswith("; loop uvloop")
             base = f"http://127.0.0.1:{port}"

@@ -19,6 +19,7 @@ from rollout_server import (
     create_rollout_server,
 )
 from rollout_server.cli._options import SERVER_OPTIONS, build_parser, server_settings
+from rollout_server.state._store import default_state_url
 
 
 class TestServerSettings:
@@ -175,7 +176,8 @@ class TestCommandOptions:
         assert sorted(option.field for option in SERVER_OPTIONS) == sorted(fields)
 
     def test_options_build_the_settings(self) -> None:
-        """The options given set their fields; the others keep the defaults."""
+        """The options given set their fields; the others keep the defaults, but for the
+        state: the command's default is a file per port (memory: with --port 0)."""
         args = build_parser().parse_args(
             [
                 "serve",
@@ -196,5 +198,21 @@ class TestCommandOptions:
             shutdown_timeouts=ShutdownTimeouts(collect_sec=0.0),
             access_log=True,
             metrics=False,
+            state=default_state_url(args.port),
         )
-        assert server_settings(build_parser().parse_args(["serve", "m:a"])) == ServerSettings()
+        plain = build_parser().parse_args(["serve", "m:a"])
+        assert server_settings(plain) == ServerSettings(state=default_state_url(plain.port))
+        assert server_settings(plain).state.endswith(f"/rollout/state/serve-{plain.port}.db")
+        for argv in (["--port", "0"], ["--state", "memory:"]):
+            chosen = build_parser().parse_args(["serve", "m:a", *argv])
+            assert server_settings(chosen) == ServerSettings()
+
+
+class TestStateSetting:
+    def test_the_state_url_is_validated_and_normalised(self, scripted: Any) -> None:
+        assert ServerSettings().state == "memory:"
+        assert ServerSettings(state="SQLITE:////var/x.db").state == "sqlite:///var/x.db"
+        with pytest.raises(ServerConfigError, match="unknown scheme 'redis'"):
+            ServerSettings(state="redis://h/0")
+        with pytest.raises(ServerConfigError, match="absolute"):
+            create_rollout_server(backend=scripted(), state="sqlite://relative.db")

@@ -21,6 +21,7 @@ from .._version import VERSION
 from ..http._validation import MAX_POLLABLE_ID_CHARS, MAX_REQUEST_LINE_BYTES
 from ..protocol._settings import ServerSettings, field_default
 from ..protocol._shutdown import ShutdownTimeouts
+from ..state._store import default_state_url
 from ._exit import EXIT_SLACK_SEC
 
 __all__ = [
@@ -135,6 +136,14 @@ SERVER_OPTIONS: Final = (
         "consistent hashing with bounded loads on their group_id (else their id), so a "
         "rollout's turns and a group's rollouts share one endpoint and its prefix cache",
     ),
+    ServerOption(
+        "--state",
+        "state",
+        "where admissions and results are kept so that a restart loses nothing: "
+        "sqlite:///ABS/PATH.db or memory: (default "
+        "sqlite:///$XDG_STATE_HOME/rollout/state/serve-PORT.db, ~/.local/state without "
+        "XDG_STATE_HOME; memory: with --port 0); the startup line names it",
+    ),
 )
 """Every option of ``serve`` that sets a server setting, in the order ``--help`` lists them."""
 
@@ -161,6 +170,10 @@ def _add_server_option(group: argparse._ArgumentGroup, option: ServerOption) -> 
                 option.flag, dest=option.dest, action="store_true", default=None, help=text
             )
         return
+    if isinstance(default, str):
+        # A URL whose command default depends on other options (see server_settings()).
+        group.add_argument(option.flag, dest=option.dest, default=None, metavar="URL", help=text)
+        return
     shown = f"{default:g}" if isinstance(default, float) else str(default)
     text = text.format(default=shown) if "{default}" in text else f"{text} (default {shown})"
     if isinstance(default, float):
@@ -182,7 +195,9 @@ def given_server_options(args: argparse.Namespace) -> list[str]:
 
 
 def server_settings(args: argparse.Namespace) -> ServerSettings:
-    """The :class:`~rollout_server.ServerSettings` the server options describe.
+    """The :class:`~rollout_server.ServerSettings` the server options describe; without
+    ``--state``, the state is the command's default for ``--port``
+    (:func:`~rollout_server.state._store.default_state_url`).
 
     Raises:
         ServerConfigError: If an option is out of range (named by its field).
@@ -199,6 +214,8 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
                 fields[name] = value
     if stages:
         fields[_STAGE_FIELD] = ShutdownTimeouts(**stages)
+    if "state" not in fields:
+        fields["state"] = default_state_url(args.port)
     return ServerSettings(**fields)
 
 

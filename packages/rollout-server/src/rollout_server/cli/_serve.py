@@ -21,6 +21,7 @@ from rollout_types import PROTOCOL_VERSION
 
 from .._logtext import get_logger
 from ..http._app import ROLLOUT_SERVER_KEY
+from ..state._store import parse_state_url
 
 __all__ = [
     "GC_YOUNG_THRESHOLD",
@@ -160,7 +161,8 @@ def describe_served(target: str, app: web.Application) -> str:
 
     Names the target, the backend's class with its slots (``max_concurrent``), queue bound
     (``max_queued``) and artifact root (``artifact_root``) when the backend has these
-    attributes, whether auth is on, the protocol version and the event loop.
+    attributes, whether auth is on, where the state is kept, the protocol version and the
+    event loop.
     """
     server = app[ROLLOUT_SERVER_KEY]
     backend = server.backend
@@ -176,9 +178,16 @@ def describe_served(target: str, app: web.Application) -> str:
     described = type(backend).__name__ + (f" ({', '.join(details)})" if details else "")
     return (
         f"rollout-server serving {target}: backend {described}; "
-        f"auth {'on' if server.requires_auth else 'off'}; protocol {PROTOCOL_VERSION}; "
-        f"loop {loop_name(asyncio.get_running_loop())}"
+        f"auth {'on' if server.requires_auth else 'off'}; state {_state_text(server.state)}; "
+        f"protocol {PROTOCOL_VERSION}; loop {loop_name(asyncio.get_running_loop())}"
     )
+
+
+def _state_text(url: str) -> str:
+    """The state on the startup line: the file, or what ``memory:`` means."""
+    if parse_state_url(url).durable:
+        return url
+    return f"{url} (nothing survives a restart; pass --state sqlite:///ABS/PATH.db to keep it)"
 
 
 # Speed: benchmarks/README.md, "Server: the `rollout-server serve` process", row "The collector

@@ -42,6 +42,7 @@ from ..protocol._settings import (
     resolve_settings,
 )
 from ..protocol._shutdown import ShutdownTimeouts
+from ..state._store import MEMORY
 from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._aiohttp_private import install_request_handler
 from ._connection import ConnectionGuard
@@ -59,17 +60,22 @@ MODEL_GATEWAY_KEY: Final = web.AppKey("model_gateway", ModelGateway)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    """The app's cleanup context: bind the registry to the serving loop and start the
-    backend (:meth:`~rollout_server.ExecutionBackend.startup`) before the app serves; at
-    cleanup, run the staged shutdown without the collect window (the listeners are gone by
-    then)."""
+    """The app's cleanup context: bind the registry to the serving loop, open the state
+    store (recovering what it holds) and start the backend
+    (:meth:`~rollout_server.ExecutionBackend.startup`) before the app serves; at cleanup,
+    run the staged shutdown without the collect window (the listeners are gone by then)."""
     server = app[ROLLOUT_SERVER_KEY]
     _ = server.registry.loop
+    await server.open_state()
     gateway = app.get(MODEL_GATEWAY_KEY)
-    if gateway is not None:
-        await gateway.start()
     try:
-        await server.backend.startup()
+        try:
+            if gateway is not None:
+                await gateway.start()
+            await server.backend.startup()
+        except BaseException:
+            await server.close()  # releases the state store for the next start
+            raise
         yield
         await server.drain(collect=False)
     finally:
@@ -105,6 +111,7 @@ def create_rollout_server(
     model_endpoints: Sequence[str] = (),
     settings: ServerSettings | None = None,
     model_gateway: ModelGateway | None = None,
+    state: str = MEMORY,
 ) -> web.Application:
     """Build the rollout protocol server as an aiohttp application.
 
@@ -161,6 +168,14 @@ def create_rollout_server(
             ``return_turns``); it starts and stops with the app. Default None: workflows
             call the request's endpoint directly (unless ``settings.gateway`` or
             ``settings.model_endpoints`` asks for one), and ``return_turns`` gets 422.
+        state: Where admissions and results are kept, so that a restart loses nothing:
+            ``"memory:"`` (default: nothing survives the process) or
+            ``"sqlite:///ABS/PATH.db"`` (a SQLite file: an admission is answered 202 and a
+            result becomes visible only once stored; a server restarted on the same file
+            serves the stored results to the original lease tokens and fails the rollouts
+            that were in flight as ``internal_error``). The file is opened when the app
+            starts: a file that cannot be used (corrupt, locked by another server,
+            read-only, of a newer schema) fails the start with :class:`ServerConfigError`.
 
     Returns:
         The application; its :class:`RolloutServer` is ``app[ROLLOUT_SERVER_KEY]``.
@@ -179,7 +194,7 @@ def create_rollout_server(
        ``tracer_provider``; request lines (and so result URLs) are limited to 8190 bytes,
        and longer ids are refused at admission.
     .. versionchanged:: 0.3
-       ``settings``, ``gateway``, ``model_endpoints`` and ``model_gateway``.
+       ``settings``, ``gateway``, ``model_endpoints``, ``model_gateway`` and ``state``.
     """
     if not isinstance(backend, ExecutionBackend):
         raise TypeError(
@@ -205,6 +220,7 @@ def create_rollout_server(
             "header_read_timeout_sec": header_read_timeout_sec,
             "body_read_timeout_sec": body_read_timeout_sec,
             "metrics": metrics,
+            "state": state,
             "gateway": gateway,
             "model_endpoints": model_endpoints,
         },

@@ -1,7 +1,8 @@
 """The four protocol routes. Handlers stay thin: structure, call the server, unstructure.
 
 * ``GET /health``: backend health plus identity, lifecycle and protocol version;
-* ``POST /rollout``: 422 → 400 (pre-0.3.3 caller) → 503 → 429 → 409 → 202;
+* ``POST /rollout``: 422 → 400 (pre-0.3.3 caller) → 503 → 429 → 409 → 202 (or 503
+  when a durable state store cannot keep the admission);
 * ``GET /rollout/{rollout_id}/result``: 422 → 404 → 403 → result, or renew and long-poll;
 * ``POST /rollout/cancel``: exactly one selector, one disposition per selected id;
 * ``GET /metrics``: the server's Prometheus metrics, unless they are turned off.
@@ -40,6 +41,7 @@ from rollout_types import (
 from ..protocol._server import DEFAULT_RETRY_AFTER_SEC, Refusal, RolloutServer
 from ..state._bodies import LONE_SURROGATE, detail_body, encode, progress_body
 from ..state._record import RolloutRecord
+from ..state._store import StoreWriteError
 from ._aiohttp_private import pause_keepalive_timer
 from ._middleware import internal_error_response, self_guarded
 from ._responses import detail_response, json_response
@@ -181,7 +183,10 @@ class Routes:
         except RecursionError:
             return detail_response(422, too_deep_error().errors)
         server = self._server
-        token = await server.admit(init)
+        try:
+            token = await server.admit(init)
+        except StoreWriteError as exc:
+            return self._unstored(exc)
         if isinstance(token, Refusal):
             headers: dict[str, str] | None = None
             if token is Refusal.QUEUE_FULL:
@@ -248,7 +253,9 @@ class Routes:
                 response = found
             else:
                 assert token is not None
-                waited = found.body is None and self._registry.renew(found)
+                # A lapsed lease is published by renew(); with a durable store it becomes
+                # visible once stored, so the poll waits for that as for any result.
+                waited = found.body is None and (self._registry.renew(found) or found.body is None)
                 if waited:
                     waits = self._waits
                     wait = waits.begin(found, self._wait_sec)
@@ -306,6 +313,17 @@ class Routes:
             response.force_close()
             raise _BodyError(response) from None
         return loads(body)
+
+    def _unstored(self, exc: StoreWriteError) -> web.Response:
+        """503 for an admission the state store could not keep (nothing was admitted)."""
+        return json_response(
+            503,
+            detail_body(
+                f"the rollout was not admitted: the server could not store it ({exc.reason}); "
+                "retry later (the operator must free disk space or fix the state file)"
+            ),
+            {hdrs.RETRY_AFTER: retry_after_header(self._server.retry_after_sec())},
+        )
 
     def _too_large(self) -> web.Response:
         return detail_response(

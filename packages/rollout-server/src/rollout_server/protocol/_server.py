@@ -14,13 +14,13 @@ many admissions run at once, and ends each reservation when the rollout's execut
 (see :mod:`rollout_server.execution._backend`). The backend's ``admission_mode`` says whether
 it counts those reservations (``"reservations"``) or only the work it has started
 (``"started_work"``); for the latter, the server counts its own admitted-but-not-started
-rollouts and lets a new admission ask only once none is left (:class:`_AdmissionTurns`).
+rollouts and lets a new admission ask only once none is left
+(:class:`~rollout_server.protocol._turns.AdmissionTurns`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import enum
 import os
@@ -46,13 +46,16 @@ from ..execution._backend import ExecutionBackend, admission_mode_of, request_fr
 from ..execution._turns import ModelRouter
 from ..observability._observer import NO_OBSERVER, ExecutionObserver
 from ..observability._tracing import ServerTracing
+from ..state._durability import StoreLink
 from ..state._record import RolloutRecord
 from ..state._registry import PublicationObserver, RolloutRegistry
+from ..state._store import StateStore, parse_state_url, store_for
 from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._cancellation import Cancellation
 from ._capture import TurnCapture
 from ._execution import StatusSink, execution_result, start_execution
 from ._metrics import ServerMetrics
+from ._recovery import Recovery, health_fields, recover
 from ._settings import (
     DEFAULT_BODY_READ_TIMEOUT_SEC,
     DEFAULT_HEADER_READ_TIMEOUT_SEC,
@@ -61,6 +64,7 @@ from ._settings import (
     resolve_settings,
 )
 from ._shutdown import DeliveryWatch, ShutdownTimeouts, run_staged_shutdown
+from ._turns import AdmissionTurns
 
 __all__ = [
     "DEFAULT_RETRY_AFTER_SEC",
@@ -85,64 +89,6 @@ class Refusal(enum.Enum):
     SHUTTING_DOWN = 503
     QUEUE_FULL = 429
     DUPLICATE = 409
-
-
-class _AdmissionTurns:
-    """Admissions in arrival order, each asking a ``"started_work"`` backend only once
-    every rollout admitted before it has started (and so counts in the backend's answer).
-
-    Used only for backends whose ``admission_mode`` is ``"started_work"``.
-    Without contention an admission passes at once; otherwise it waits for its turn, which
-    comes once the rollouts admitted before it have taken their first step (usually the
-    next loop turn).
-    """
-
-    __slots__ = ("_held", "_loop", "_waiters", "unstarted")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._held = False
-        self.unstarted = 0
-        """Admitted rollouts whose execution has not taken its first step yet."""
-
-    async def take(self) -> None:
-        """Wait until this admission may ask the backend; pair it with :meth:`give_back`."""
-        if not self.unstarted and not self._waiters and not self._held:
-            self._held = True
-            return
-        waiter = self._loop.create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.give_back()  # the turn was handed over just before the cancellation
-            else:
-                self._waiters.remove(waiter)
-            raise
-
-    def give_back(self) -> None:
-        """End this admission's turn (it admitted a rollout or refused one)."""
-        self._held = False
-        self._pass_on()
-
-    def started(self) -> None:
-        """One admitted rollout is about to take its first step."""
-        self.unstarted -= 1
-        if not self.unstarted and self._waiters:
-            # After that step (queued behind it), when the backend counts the rollout.
-            self._loop.call_soon(self._pass_on)
-
-    def _pass_on(self) -> None:
-        if self._held or self.unstarted:
-            return
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self._held = True
-                waiter.set_result(None)
-                return
 
 
 _NOT_TRACED: Final = contextlib.nullcontext()
@@ -178,6 +124,9 @@ class RolloutServer:
             turns), or None.
         deliveries: Told of every first delivery of a result; the shutdown's collect
             window waits on it.
+        state: Where admissions and results are kept (``memory:`` or ``sqlite:///...``,
+            the setting of the same name).
+        recovery: What the last start recovered from ``state`` (counts).
     """
 
     def __init__(
@@ -198,6 +147,7 @@ class RolloutServer:
         metrics: bool = True,
         tracing: ServerTracing | None = None,
         settings: ServerSettings | None = None,
+        state: str | None = None,
         model_router: ModelRouter | None = None,
     ) -> None:
         """Build the server from ``settings``, or from the keyword of each setting (None,
@@ -209,7 +159,7 @@ class RolloutServer:
                 keyword are both given.
 
         .. versionchanged:: 0.3
-           ``settings``; the settings are validated here too.
+           ``settings`` and ``state``; the settings are validated here too.
         """
         settings = resolve_settings(
             settings,
@@ -225,6 +175,7 @@ class RolloutServer:
                 "access_log": access_log,
                 "status_change_grace_sec": status_change_grace_sec,
                 "metrics": metrics,
+                "state": state,
             },
         )
         self.backend = backend
@@ -270,11 +221,29 @@ class RolloutServer:
             _not_traced if tracing is None else tracing.rollout_scope
         )
         self._takes_turns = admission_mode_of(backend) == "started_work"
-        self._turns: _AdmissionTurns | None = None
+        self._turns: AdmissionTurns | None = None
         self._accepting = True
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self._drain_task: asyncio.Task[None] | None = None
         self._hurry: asyncio.Future[None] | None = None
+        self.state = settings.state
+        self._store: StateStore = store_for(parse_state_url(settings.state))
+        self.recovery = Recovery()
+
+    # -- durable state --------------------------------------------------------------------
+
+    async def open_state(self) -> None:
+        """Open the state store and recover what it holds: results stay collectable with
+        their original lease tokens, rollouts that were in flight are published as
+        ``failure`` / ``internal_error`` naming the server process that ended (see
+        ``protocol/_recovery.py``). The app does it before it serves.
+
+        Raises:
+            ServerConfigError: If the store cannot be opened: a file that is corrupt, held by
+                another server, read-only or of a newer schema (``rollout-server serve``
+                exits 2 with the message).
+        """
+        self.recovery = await recover(self.registry, self._store, process_id=self.process_id)
 
     # -- admission ------------------------------------------------------------------------
 
@@ -300,27 +269,58 @@ class RolloutServer:
         Returns:
             The lease token, or why the rollout was refused.
         """
+        link = self.registry.store_link
         if not self._takes_turns:
-            return self._admit_now(init)
+            return self._admit_now(init) if link is None else await self._admit_stored(init, link)
         turns = self._turns
         if turns is None:
-            turns = self._turns = _AdmissionTurns(self.registry.loop)
+            turns = self._turns = AdmissionTurns(self.registry.loop)
         await turns.take()
         try:
-            return self._admit_now(init)
+            return self._admit_now(init) if link is None else await self._admit_stored(init, link)
         finally:
             turns.give_back()
 
-    def _admit_now(self, init: RolloutInitRequest) -> str | Refusal:
+    def _refusal(self, init: RolloutInitRequest) -> Refusal | None:
+        """Why ``init`` cannot be admitted now, if it cannot; else the backend's room is
+        taken (one ``try_reserve()``, whatever the backend's ``admission_mode``)."""
         if not self._accepting:
             return Refusal.SHUTTING_DOWN
         backend = self.backend
         if not backend.try_reserve():
             return Refusal.QUEUE_FULL
-        registry = self.registry
-        if init.rollout_id in registry:
+        if init.rollout_id in self.registry:
             self._release_reservation()
             return Refusal.DUPLICATE
+        return None
+
+    def _admit_now(self, init: RolloutInitRequest) -> str | Refusal:
+        refusal = self._refusal(init)
+        return self._register(init, None) if refusal is None else refusal
+
+    async def _admit_stored(self, init: RolloutInitRequest, link: StoreLink) -> str | Refusal:
+        """Admit ``init`` once its admission is durable (the id is held meanwhile).
+
+        Raises:
+            StoreWriteError: If the admission could not be stored (the route answers 503).
+        """
+        refusal = self._refusal(init)
+        if refusal is not None:
+            return refusal
+        try:
+            token = await link.admit(init.rollout_id)
+        except BaseException:
+            self._release_reservation()
+            raise
+        if not self._accepting:  # shutdown began during the write
+            link.forget(init.rollout_id)
+            self._release_reservation()
+            return Refusal.SHUTTING_DOWN
+        return self._register(init, token)
+
+    def _register(self, init: RolloutInitRequest, token: str | None) -> str:
+        registry = self.registry
+        backend = self.backend
         observer = self._observer
         trace_scope = self._trace_scope
         admitted_at = time.monotonic()
@@ -359,7 +359,7 @@ class RolloutServer:
             return task
 
         try:
-            _record, token = registry.register(init.rollout_id, start, admitted_at)
+            _record, token = registry.register(init.rollout_id, start, admitted_at, token)
         except BaseException:
             if not scheduled:
                 self._release_reservation()
@@ -425,6 +425,8 @@ class RolloutServer:
         if not isinstance(fitted, dict):
             logger.warning("backend.health() returned %s, not a dict", type(fields).__name__)
             fitted = {"status": "unknown"}
+        # The server's own fields win over a backend's of the same name, as identity does.
+        fitted["state"] = health_fields(self._store, self.recovery)
         return RolloutHealth(
             instance_id=self.instance_id,
             process_id=self.process_id,
@@ -487,3 +489,4 @@ class RolloutServer:
                 task.cancel()
             if still:
                 await asyncio.wait(still, timeout=1.0)
+        await self._store.close()

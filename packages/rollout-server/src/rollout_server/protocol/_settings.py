@@ -22,6 +22,7 @@ from rollout_types import (
 )
 
 from .._errors import ServerConfigError
+from ..state._store import MEMORY, parse_state_url
 from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._shutdown import ShutdownTimeouts
 
@@ -107,6 +108,11 @@ def _stage_bounds(
         raise TypeError(f"{attribute.name} must be a ShutdownTimeouts; got {type(value).__name__}")
 
 
+def _state_url(value: object) -> str:
+    """A ``state`` URL, validated and normalised (``sqlite:///ABS/PATH`` or ``memory:``)."""
+    return parse_state_url(value).url
+
+
 @attrs.frozen(kw_only=True)
 class ServerSettings:
     """How a rollout server behaves: its protocol timings, HTTP limits, logging, metrics and
@@ -148,6 +154,11 @@ class ServerSettings:
             gateway spreads rollouts over by consistent hashing on their group; a non-empty
             tuple implies ``gateway``. Default ``()``: each rollout's calls go to its
             request's ``chat_completions_url``.
+        state: Where admissions and results are kept so that a restart loses nothing:
+            ``"memory:"`` (default: nothing survives the process) or
+            ``"sqlite:///ABS/PATH.db"`` (see :func:`~rollout_server.create_rollout_server`);
+            kept normalised. A URL of another form is refused
+            (:class:`~rollout_server.ServerConfigError`).
 
     Raises:
         ServerConfigError: (a ``ValueError``) If a value is out of range, naming the field.
@@ -188,6 +199,7 @@ class ServerSettings:
     model_endpoints: tuple[str, ...] = attrs.field(
         default=(), converter=_endpoints, validator=_endpoint_urls
     )
+    state: str = attrs.field(default=MEMORY, converter=_state_url)
 
     def __attrs_post_init__(self) -> None:
         # Once validated, durations are floats, as the app factory always made them: the

@@ -242,6 +242,7 @@ async def run_staged_shutdown(
     abandoned = registry.publish_unfinished(SHUTDOWN_ERR_MESSAGE)
     if abandoned:
         logger.warning("Published 'cancelled' for %d unfinished rollout(s)", abandoned)
+    await registry.settled()  # results still being stored are published before collecting
     if collect and registry.undelivered:
         await _collect(server, timeouts.collect_sec, hurry, requested)
     await server.close()

@@ -17,23 +17,25 @@ served by a single loop timer), never sleeping tasks nor a loop timer each:
 
 A result is published exactly once: the first of the execution's end (the registry
 publishes it when the task is done, asking ``outcome_of`` what the execution produced),
-cancellation, lease expiry or shutdown wins. Its :class:`PublicationObserver` objects (the
-server's metrics and tracing) hear of each publication and first delivery.
+cancellation, lease expiry or shutdown wins. Its
+:class:`~rollout_server.state._publication.PublicationObserver` objects (the server's metrics
+and tracing) hear of each publication and first delivery.
 
-The module is longer than 500 lines because the registry is the one writer of a record:
-admission, status, lease, cancellation, publication, delivery and retention each change
-the same record, and keeping every write in one class is what makes each rule hold once.
+The registry is the one writer of a record: admission, status, lease, cancellation,
+publication, delivery and retention each change the same record, and keeping every write in
+one class is what makes each rule hold once. How a rollout's end is worded (the messages,
+what a task's end publishes, the "finished" log line, the observer protocol) lives in
+:mod:`rollout_server.state._publication`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
-import secrets
+import functools
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 from rollout_types import (
     CancelDisposition,
@@ -44,50 +46,25 @@ from rollout_types import (
 )
 
 from .._logtext import get_logger
-from ..observability._jsonlog import log_fields
 from ._bodies import result_body
-from ._deadlines import FIRE_SLACK_SEC, DeadlineQueue
+from ._deadlines import FIRE_SLACK_SEC
+from ._durability import TOKEN_BYTES, StoreLink, new_token
+from ._publication import LEASE_EXPIRED_MESSAGE, PublicationObserver, log_finished, task_end
 from ._record import ResultFields, RolloutRecord, token_digest
+from ._store import StateStore
+from ._table import RecordTable
 from ._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC, LongPollWaits
 
-__all__ = ["PublicationObserver", "RolloutRegistry"]
+__all__ = ["TOKEN_BYTES", "PublicationObserver", "RolloutRegistry"]
 
 logger: Final = get_logger("rollout_server.registry")
-
-LEASE_EXPIRED_MESSAGE: Final = "polling lease expired"
-CRASH_MESSAGE: Final = "rollout task crashed"
-CANCELLED_MESSAGE: Final = "cancelled"
-"""``err_message`` of a rollout whose execution was cancelled after it started."""
-
-TOKEN_BYTES: Final = 32
-"""Random bytes in a lease token (``secrets.token_urlsafe(32)``: 43 characters of base64url)."""
 
 
 def _no_outcome(_rollout_id: str, _task: asyncio.Task[Any]) -> ResultFields | None:
     return None
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-class PublicationObserver(Protocol):
-    """What the registry tells its observers (called on the loop; must not raise)."""
-
-    def published(
-        self,
-        record: RolloutRecord,
-        status: RolloutStatus,
-        category: RolloutErrorCategory | None,
-    ) -> None:
-        """The result of ``record`` has just been fixed, with this status and category."""
-
-    def delivered(self, record: RolloutRecord) -> None:
-        """A poll has returned the published result of ``record`` for the first time."""
-
-
-class RolloutRegistry:
+class RolloutRegistry(RecordTable):
     """Every admitted rollout of one server, by id.
 
     Args:
@@ -126,73 +103,23 @@ class RolloutRegistry:
         loop_cpu_clock: Callable[[], float] = time.thread_time,
         observers: Sequence[PublicationObserver] = (),
     ) -> None:
-        self._deadlines = DeadlineQueue()
+        super().__init__(
+            polling_lease_timeout_sec=polling_lease_timeout_sec,
+            result_retention_sec=result_retention_sec,
+        )
         self.waits = LongPollWaits(
             self._deadlines,
             status_change_grace_sec=status_change_grace_sec,
             loop_cpu_clock=loop_cpu_clock,
         )
-        self._lease_sec = polling_lease_timeout_sec
-        self._retention_sec = result_retention_sec
         self._on_lease_expired = on_lease_expired
         self._outcome_of = outcome_of
-        self._records: dict[str, RolloutRecord] = {}
-        self._tasks: dict[asyncio.Task[Any], RolloutRecord] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._idle: asyncio.Future[None] | None = None
-        self._undelivered = 0
-        self._delivered: asyncio.Future[None] | None = None
-        self._removal_waiters: dict[str, list[asyncio.Future[None]]] = {}
-        self._closed = False
         self._observers = tuple(observers)
         # Bound once, and one context for every task's done callback (it reads no context
         # variable): per rollout, a bound method costs 64 bytes and a copied context 72.
         self._lease_callback = self._on_lease_timer
         self._done_callback = self._on_task_done
         self._callback_context = contextvars.Context()
-
-    # -- lookup ---------------------------------------------------------------------------
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop the registry runs on (the running loop at first use)."""
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        return loop
-
-    def get(self, rollout_id: str) -> RolloutRecord | None:
-        """The record held for ``rollout_id``, or None."""
-        return self._records.get(rollout_id)
-
-    def __contains__(self, rollout_id: object) -> bool:
-        return rollout_id in self._records
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def ids(self) -> list[str]:
-        """Every id currently held (live or retained), in admission order."""
-        return list(self._records)
-
-    @property
-    def active(self) -> int:
-        """How many execution tasks have not completed (``lifecycle.active_rollouts``)."""
-        return len(self._tasks)
-
-    def active_ids(self) -> list[str]:
-        """The ids of the rollouts whose execution task has not completed."""
-        return [record.rollout_id for record in self._tasks.values()]
-
-    def in_flight(self) -> Iterable[RolloutRecord]:
-        """The records whose execution task has not completed (a live view: iterate it
-        without awaiting in between)."""
-        return self._tasks.values()
-
-    @property
-    def undelivered(self) -> int:
-        """How many held results are published and not yet returned by any poll."""
-        return self._undelivered
 
     # -- admission ------------------------------------------------------------------------
 
@@ -201,6 +128,7 @@ class RolloutRegistry:
         rollout_id: str,
         start: Callable[[RolloutRecord], asyncio.Task[Any]],
         admitted_at: float | None = None,
+        token: str | None = None,
     ) -> tuple[RolloutRecord, str]:
         """Admit ``rollout_id``: create its record and lease and start its execution task.
 
@@ -211,12 +139,16 @@ class RolloutRegistry:
             rollout_id: The id to admit.
             start: Creates the execution task of the new record on :attr:`loop`.
             admitted_at: The admission's :func:`time.monotonic` stamp; default now.
+            token: The lease token of the stored admission
+                (:meth:`StoreLink.admit <rollout_server.state._durability.StoreLink.admit>`);
+                default a new one.
 
         Returns:
             The record and the lease token (43 characters of base64url).
         """
         loop = self.loop
-        token = secrets.token_urlsafe(TOKEN_BYTES)
+        if token is None:
+            token = new_token()
         record = RolloutRecord(
             rollout_id,
             token_digest(token),
@@ -284,6 +216,8 @@ class RolloutRegistry:
         again); ignored once the result is published."""
         if record.body is None:
             record.disposition = disposition
+            if self._link is not None:
+                self._link.store.note_disposition(record.rollout_id, disposition)
 
     def publish(
         self,
@@ -299,14 +233,17 @@ class RolloutRegistry:
 
         Wakes every long poll, stops the lease timer (the token stays valid), starts the
         retention timer and logs the rollout's one "finished" line (INFO, DEBUG for a
-        success).
+        success). With a durable store all that happens once the result is durable (polls
+        wait until then); should the write fail, the result is served from memory anyway
+        (logged at ERROR: a restart would lose it).
 
         Returns:
             True if this call published, False if a result was already fixed.
         """
-        if record.body is not None:
+        link = self._link
+        if record.body is not None or (link is not None and record in link.publishing):
             return False
-        record.body = result_body(
+        body = result_body(
             rollout_id=record.rollout_id,
             status=status,
             sample=sample,
@@ -314,12 +251,54 @@ class RolloutRegistry:
             err_category=err_category,
             turns=turns,
         )
+        self._undelivered += 1
+        if link is None:
+            self._fix(record, body, status, sample, err_message, err_category)
+        else:
+            fut = link.publication(record, status, body)
+            fields = ResultFields(status, sample, err_message, err_category)
+            fixed = functools.partial(self._stored, record, body, fields)
+            fut.add_done_callback(fixed, context=self._callback_context)
+        return True
+
+    def _stored(
+        self,
+        record: RolloutRecord,
+        body: bytes,
+        fields: ResultFields,
+        fut: asyncio.Future[None],
+    ) -> None:
+        """The write of a result is over: fix it (durable or not)."""
+        assert self._link is not None
+        self._link.publishing.discard(record)
+        error = None if fut.cancelled() else fut.exception()
+        if fut.cancelled() or error is not None:
+            logger.error(
+                "The result of rollout %s could not be stored (%s); it is served from this "
+                "process's memory only, and a restart would lose it",
+                record.rollout_id,
+                error or "cancelled",
+            )
+        self._fix(
+            record, body, fields.status, fields.sample, fields.err_message, fields.err_category
+        )
+
+    def _fix(  # noqa: PLR0917 - the fields of publish(), positional on the hot path
+        self,
+        record: RolloutRecord,
+        body: bytes,
+        status: RolloutStatus,
+        sample: RolloutSample | None,
+        err_message: str | None,
+        err_category: RolloutErrorCategory | None,
+    ) -> None:
+        """Fix the result of ``record`` (its write, if any, is over)."""
+        record.body = body
         record.status = status
-        self._log_finished(record, status, sample, err_message, err_category)
+        log_finished(record, status, sample, err_message, err_category)
         if record._lease_timer is not None:
             self._deadlines.cancel(record._lease_timer)
             record._lease_timer = None
-        self._undelivered += 1
         self.waits.wake(record)
         if not self._closed:
             loop = self.loop
@@ -328,31 +307,6 @@ class RolloutRegistry:
             )
         for observer in self._observers:
             observer.published(record, status, err_category)
-        return True
-
-    def _log_finished(
-        self,
-        record: RolloutRecord,
-        status: RolloutStatus,
-        sample: RolloutSample | None,
-        err_message: str | None,
-        err_category: RolloutErrorCategory | None,
-    ) -> None:
-        level = logging.DEBUG if status is RolloutStatus.SUCCESS else logging.INFO
-        if not logger.isEnabledFor(level):
-            return
-        logger.log(
-            level,
-            "Rollout %s finished: status=%s err_category=%s duration=%.3fs reward=%s "
-            "err_message=%s",
-            record.rollout_id,
-            status.value,
-            None if err_category is None else err_category.value,
-            time.monotonic() - record.admitted_at,
-            None if sample is None else sample.reward,
-            err_message,
-            extra=log_fields(record.rollout_id, status, err_category),
-        )
 
     def deliver_status(self, record: RolloutRecord) -> RolloutStatus:
         """Note that a poll answers the current in-progress status of ``record`` (the
@@ -373,6 +327,19 @@ class RolloutRegistry:
         self._count_delivered()
         for observer in self._observers:
             observer.delivered(record)
+
+    # -- durable state --------------------------------------------------------------------
+
+    def attach_store(self, store: StateStore, *, process_id: str) -> None:
+        """Keep admissions and publications in ``store`` from now on (before serving; a
+        store that is not ``durable`` changes nothing)."""
+        if store.durable:
+            self._link = StoreLink(
+                store,
+                process_id=process_id,
+                lease_sec=self._lease_sec,
+                retention_sec=self._retention_sec,
+            )
 
     # -- leases ---------------------------------------------------------------------------
 
@@ -455,115 +422,27 @@ class RolloutRegistry:
         record.finished = True
         if record._retention_elapsed:
             self._remove(record)
-        if not self._tasks and self._idle is not None:
-            _resolve(self._idle)
-            self._idle = None
+        if not self._tasks:
+            self._tasks_ended()
 
     def _publish_end(self, record: RolloutRecord, task: asyncio.Task[Any]) -> None:
         """Publish how the execution task of ``record`` ended (a no-op if a result is fixed
-        already): the one place a task's end is published.
-
-        A cancelled task is ``cancelled``, with the message ``"cancelled"`` once it had
-        started; a task that returned or raised an ``Exception`` gets what ``outcome_of``
-        makes of it, unless the lease lapsed meanwhile (then ``lease_expired``, as if the
-        lease timer had won); anything else (a ``BaseException``, no outcome, a failing
-        ``outcome_of``) is a crash: ``failure`` / ``internal_error``.
-        """
-        rollout_id = record.rollout_id
-        if task.cancelled():
-            message = CANCELLED_MESSAGE if record.started else None
-            self.publish(record, status=RolloutStatus.CANCELLED, err_message=message)
+        already): the one place a task's end is published (what it publishes:
+        :func:`~rollout_server.state._publication.task_end`). An outcome of the execution
+        loses to a lease that lapsed meanwhile (``lease_expired``, as if the lease timer had
+        won)."""
+        fields, from_outcome = task_end(record, task, self._outcome_of)
+        if from_outcome and record.body is None and self.loop.time() >= record.lease_deadline:
+            self._expire(record)
             return
-        exc = task.exception()
-        if exc is None or isinstance(exc, Exception):
-            try:
-                fields = self._outcome_of(rollout_id, task)
-            except Exception:
-                logger.exception("Publishing the outcome of rollout %s failed", rollout_id)
-            else:
-                if fields is not None:
-                    if record.body is None and self.loop.time() >= record.lease_deadline:
-                        self._expire(record)
-                    else:
-                        self.publish(
-                            record,
-                            status=fields.status,
-                            sample=fields.sample,
-                            err_message=fields.err_message,
-                            err_category=fields.err_category,
-                            turns=fields.turns,
-                        )
-                    return
-                logger.error(
-                    "Rollout task for %s ended without a result",
-                    rollout_id,
-                    extra=log_fields(rollout_id, "failure", "internal_error"),
-                )
-        else:
-            logger.error(
-                "Rollout task for %s crashed",
-                rollout_id,
-                exc_info=exc,
-                extra=log_fields(rollout_id, "failure", "internal_error"),
-            )
         self.publish(
             record,
-            status=RolloutStatus.FAILURE,
-            err_message=CRASH_MESSAGE,
-            err_category=RolloutErrorCategory.INTERNAL_ERROR,
+            status=fields.status,
+            sample=fields.sample,
+            err_message=fields.err_message,
+            err_category=fields.err_category,
+            turns=fields.turns,
         )
-
-    def _on_retention_elapsed(self, record: RolloutRecord) -> None:
-        record._retention_timer = None
-        record._retention_elapsed = True
-        if record.finished:
-            self._remove(record)
-
-    def _remove(self, record: RolloutRecord) -> None:
-        if self._records.get(record.rollout_id) is not record:
-            return
-        del self._records[record.rollout_id]
-        if not record.delivered:
-            self._count_delivered()
-        for fut in self._removal_waiters.pop(record.rollout_id, ()):
-            _resolve(fut)
-
-    def _count_delivered(self) -> None:
-        """One published result fewer awaits its first delivery (delivered or removed)."""
-        self._undelivered -= 1
-        if self._undelivered == 0 and self._delivered is not None:
-            _resolve(self._delivered)
-
-    # -- waiting for the whole registry ---------------------------------------------------
-
-    def idle_future(self) -> asyncio.Future[None]:
-        """A future that is done once no execution task is active (done now if none is)."""
-        if self._idle is None or self._idle.done():
-            self._idle = self.loop.create_future()
-        if not self._tasks:
-            _resolve(self._idle)
-        return self._idle
-
-    def delivered_future(self) -> asyncio.Future[None]:
-        """A future that is done once every published result held has been delivered (or
-        removed); done now if none is waiting."""
-        if self._delivered is None or self._delivered.done():
-            self._delivered = self.loop.create_future()
-        if self._undelivered == 0:
-            _resolve(self._delivered)
-        return self._delivered
-
-    async def wait_removed(self, rollout_id: str) -> None:
-        """Wait until ``rollout_id`` is no longer held (retention over and execution done).
-
-        Returns at once if it is not held. The wait itself is unbounded: bound it with
-        ``asyncio.timeout()``.
-        """
-        if rollout_id not in self._records:
-            return
-        fut: asyncio.Future[None] = self.loop.create_future()
-        self._removal_waiters.setdefault(rollout_id, []).append(fut)
-        await fut
 
     def close(self) -> None:
         """Stop every lease and retention timer and answer every waiting long poll.
