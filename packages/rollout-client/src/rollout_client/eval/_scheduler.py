@@ -27,6 +27,7 @@ from ._client_seam import RunClient, RunHandle, start_rollout
 from ._control import RunControl
 from ._dataset import DatasetRow
 from ._options import EvalOptions
+from ._outage import ADMISSION_OUTAGE_DELAYS_SEC, is_outage
 from ._progress import Progress
 from ._recorder import Recorder
 
@@ -86,6 +87,8 @@ class Scheduler:
         self._cancel_tasks: set[asyncio.Task[None]] = set()
         self._cancel_failures: list[Exception] = []
         self._in_flight_at_stop: set[Item] = set()
+        self.outage_admissions = 0
+        """Admissions tried again because no server could be reached."""
 
     def cancelled_items(self) -> frozenset[Item]:
         """The items in flight when the run stopped that ended without a journal record
@@ -98,18 +101,11 @@ class Scheduler:
     async def run_item(self, item: Item) -> None:
         """Admit one item, await its result within the deadline, and record the ending."""
         flight = _Flight(item=item, rollout_id=uuid.uuid4().hex)
-        self.flights[flight.rollout_id] = flight
+        key = flight.rollout_id
+        self.flights[key] = flight
         started = time.monotonic()
         try:
-            admission = asyncio.ensure_future(
-                start_rollout(
-                    self.client,
-                    options=self.options,
-                    row=self.rows[item[0]],
-                    rollout_id=flight.rollout_id,
-                    item=item,
-                )
-            )
+            admission = asyncio.ensure_future(self._admit(flight))
             flight.admission = admission
             try:
                 handle = await admission
@@ -155,7 +151,36 @@ class Scheduler:
                 cancel_requested=flight.cancel_sent,
             )
         finally:
-            self.flights.pop(flight.rollout_id, None)
+            self.flights.pop(key, None)
+
+    async def _admit(self, flight: _Flight) -> RunHandle:
+        """Admit ``flight``'s item, riding out a server outage (see :mod:`._outage`): an
+        admission that found no server is tried again after each of
+        :data:`~._outage.ADMISSION_OUTAGE_DELAYS_SEC` with a fresh rollout id, unless the
+        run is stopping; the last failure is raised."""
+        attempt = 0
+        while True:
+            try:
+                handle: RunHandle = await start_rollout(
+                    self.client,
+                    options=self.options,
+                    row=self.rows[flight.item[0]],
+                    rollout_id=flight.rollout_id,
+                    item=flight.item,
+                )
+            except Exception as exc:
+                if (
+                    attempt >= len(ADMISSION_OUTAGE_DELAYS_SEC)
+                    or self.control.stop.is_set()
+                    or not is_outage(exc)
+                ):
+                    raise
+            else:
+                return handle
+            self.outage_admissions += 1
+            await asyncio.sleep(ADMISSION_OUTAGE_DELAYS_SEC[attempt])
+            attempt += 1
+            flight.rollout_id = uuid.uuid4().hex
 
     async def _overrun(self, flight: _Flight, handle: RunHandle, admitted: float) -> None:
         self.send_cancel(flight)
