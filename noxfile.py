@@ -547,12 +547,13 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def soak(session: nox.Session) -> None:
-    """The chaos soak, by hand (issue 28): 500 items against a rollout server SIGKILLed and
-    restarted on its state file every ~20 s, the chat stand-in answering 5% HTTP 500s.
+    """The chaos soak by hand: an eval of 500 items under SIGKILL restarts every 20 s.
 
-    ``tools/soak.py`` checks that every item ends with exactly one outcome and prints its
-    figures; pass its options after ``--`` (``nox -s soak -- --items 2000``). LocalBackend
-    only: a Ray worker kill waits for RayBackend re-attach (issue 28 item 3).
+    Issue 28: the rollout server is SIGKILLed and restarted on its state file every ~20 s,
+    the chat stand-in answers 5% HTTP 500s. ``tools/soak.py`` checks that every item ends
+    with exactly one outcome and prints its figures; pass its options after ``--`` (``nox
+    -s soak -- --items 2000``). LocalBackend only: a Ray worker kill waits for RayBackend
+    re-attach (issue 28 item 3).
     """
     install_wheels(session, "rollout-types", "rollout-client", "rollout-server")
     session.run("python", "tools/soak.py", *session.posargs)
@@ -560,8 +561,11 @@ def soak(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def soak_short(session: nox.Session) -> None:
-    """The CI soak: about 60 s of chaos (a SIGKILL restart every 12 s, at least 3 of them,
-    5% chat HTTP 500s), 400 items, then the one-outcome-per-item check (``tools/soak.py``)."""
+    """The CI soak: 400 items under about 60 s of SIGKILL restarts of the rollout server.
+
+    A restart every 12 s (at least 3 of them), 5% chat HTTP 500s, then the
+    one-outcome-per-item check (``tools/soak.py``); about 70 s plus the wheel installs.
+    """
     install_wheels(session, "rollout-types", "rollout-client", "rollout-server")
     session.run(
         "python",
