@@ -219,3 +219,76 @@ class TestEvalAcrossServerRestart:
             **{row: ["infra_failure", "success"] for row in range(HELD)},
             **{row: ["success"] for row in range(HELD, HELD + QUICK)},
         }
+
+    async def test_with_two_servers_the_restarted_one_fails_only_what_it_held(
+        self, tmp_path: Path
+    ) -> None:
+        """Two servers through the pool: server A holds what it gets, B answers at once. A
+        is SIGKILLed with rollouts in flight and restarted on its port and file: the run
+        goes on (B takes the admissions meanwhile), the rollouts A held end once each as
+        restart failures, the resume completes every item, none scored twice."""
+        app_dir = tmp_path / "targets"
+        app_dir.mkdir()
+        (app_dir / "eval_restart_target.py").write_text(textwrap.dedent(TARGET_MODULE))
+        state_a = f"sqlite://{tmp_path / 'a.db'}"
+        state_b = f"sqlite://{tmp_path / 'b.db'}"
+        items = HELD + QUICK
+        stream = io.StringIO()
+        with (
+            serve(app_dir, 0, state_a, hold=True) as first_a,
+            serve(app_dir, 0, state_b, hold=False) as server_b,
+        ):
+            port_a = await listening_port(first_a)
+            port_b = await listening_port(server_b)
+            url_a, url_b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
+            options = EvalOptions(
+                dataset=dataset(tmp_path / "rows.jsonl"),
+                server_url=url_a,
+                extra_server_urls=(url_b,),
+                chat_url="http://127.0.0.1:9/v1",
+                output=tmp_path / "out",
+                name="pool-restart",
+                concurrency=4,
+                progress="off",
+            )
+            run = asyncio.create_task(run_eval(options, stream=stream))
+            # Kill A once it holds a stored rollout (it never finishes one).
+            async with asyncio.timeout(EVENT_SEC):
+                while True:
+                    document = await health(url_a)
+                    active = document["lifecycle"]["active_rollouts"]
+                    if active >= 1 and document["state"]["writes"] >= active:
+                        break
+                    await asyncio.sleep(0.05)
+            killed = document["process_id"]
+            first_a.send_signal(signal.SIGKILL)  # by its PID
+            await asyncio.get_running_loop().run_in_executor(None, first_a.wait)
+            with serve(app_dir, port_a, state_a, hold=False) as second_a:
+                await listening_port(second_a)
+                async with asyncio.timeout(EVENT_SEC):
+                    report = await run
+                failed_by_restart = (await health(url_a))["state"]["failed_by_restart"]
+                assert failed_by_restart >= 1
+                journal = read_journal(report.run_dir / "events.jsonl")
+                restart_failures = [r for r in journal if r.outcome == "infra_failure"]
+                # Every rollout A held and the run polled ends once as a restart failure (an
+                # admission cut off by the kill may leave an orphan A fails but nobody polls).
+                assert 1 <= len(restart_failures) <= failed_by_restart
+                for record in restart_failures:
+                    assert record.err_category == "internal_error"
+                    assert record.err_message == (
+                        f"the server process {killed} ended before the rollout finished"
+                    )
+                assert "consecutive infrastructure failures" not in stream.getvalue()
+                assert report.summary["items"]["pending"] == len(restart_failures)
+
+                async with asyncio.timeout(EVENT_SEC):
+                    resumed = await run_eval(options, stream=io.StringIO())
+                assert resumed.exit_code == 0
+                assert resumed.summary["complete"] is True
+
+        finals: defaultdict[int, list[str]] = defaultdict(list)
+        for record in read_journal(report.run_dir / "events.jsonl"):
+            if record.outcome != "infra_failure":
+                finals[record.row_index].append(record.outcome)
+        assert finals == {row: ["success"] for row in range(items)}
