@@ -6,8 +6,9 @@ in-flight ones: admitted rollouts on the server (through a separate client, boun
 admissions still in progress locally. Cancelled items are not recorded and stay pending.
 A drain (the server is shutting down) starts no new rollouts, abandons the admissions in
 progress and collects the admitted rollouts, each bounded by its item deadline; a stop
-during the drain cancels what is left. How each ending is recorded is the
-:class:`~._recorder.Recorder`'s business.
+during the drain cancels what is left. An admission that finds no server (a restart) is
+tried again with a fresh rollout id for up to 16.6 s (:mod:`._outage`). How each ending is
+recorded is the :class:`~._recorder.Recorder`'s business.
 """
 
 from __future__ import annotations
@@ -87,8 +88,6 @@ class Scheduler:
         self._cancel_tasks: set[asyncio.Task[None]] = set()
         self._cancel_failures: list[Exception] = []
         self._in_flight_at_stop: set[Item] = set()
-        self.outage_admissions = 0
-        """Admissions tried again because no server could be reached."""
 
     def cancelled_items(self) -> frozenset[Item]:
         """The items in flight when the run stopped that ended without a journal record
@@ -177,7 +176,6 @@ class Scheduler:
                     raise
             else:
                 return handle
-            self.outage_admissions += 1
             await asyncio.sleep(ADMISSION_OUTAGE_DELAYS_SEC[attempt])
             attempt += 1
             flight.rollout_id = uuid.uuid4().hex
