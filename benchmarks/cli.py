@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from benchmarks.processes import ROOT, HarnessError, ServerProcess, run_loadgen
+from benchmarks.processes import ROOT, STATES, HarnessError, ServerProcess, run_loadgen
 from benchmarks.report import (
     cross_table,
     floor_table,
@@ -138,6 +138,7 @@ def run_one(
     scratch_dir: Path | None = None,
     remove_workdir: bool = True,
     ours_serve_args: Sequence[str] = (),
+    state: str = "memory",
 ) -> dict[str, Any]:
     """Run one spec: fresh servers (``spec.servers`` of them), one load generator; return
     the run record.
@@ -145,7 +146,9 @@ def run_one(
     Each server's artifacts go to a new directory under ``scratch_dir``, deleted when the
     server stops unless ``remove_workdir`` is false (the caller then deletes it).
 
-    Our servers get ``ours_serve_args`` appended to ``rollout-server serve``.
+    Our servers get ``ours_serve_args`` appended to ``rollout-server serve`` and keep their
+    state in ``state`` (``memory`` or a fresh ``sqlite`` file each); the first one's ``/health``
+    state figures after the load go to ``record["server_state"]``.
 
     With ``py_spy``, each server is sampled and its profile goes to
     ``<log_dir>/<label>.profile`` (``<label>.<n>.profile`` for a further server n;
@@ -181,6 +184,7 @@ def run_one(
                     scratch_dir=scratch_dir,
                     remove_workdir=remove_workdir,
                     serve_args=ours_serve_args if spec.server == "ours" else (),
+                    state=state,
                 )
                 servers.append(stack.enter_context(server))
             figures = run_loadgen(
@@ -193,6 +197,7 @@ def run_one(
                 deadline_sec=spec.deadline_sec,
                 log_path=log_dir / f"{spec.label}.loadgen.log",
             )
+            record["server_state"] = servers[0].state_figures()
     except HarnessError as exc:
         record["error"] = str(exc)
     else:
@@ -230,6 +235,7 @@ def run_suite(
     py_spy: str | None = None,
     scratch_dir: Path | None = None,
     ours_serve_args: Sequence[str] = (),
+    state: str = "memory",
 ) -> tuple[Path, Path, list[dict[str, Any]]]:
     """Run every planned run, then write ``bench-<stamp>.jsonl`` and ``bench-<stamp>.md``.
 
@@ -260,6 +266,7 @@ def run_suite(
         "scratch_dir": str(scratch_dir or tempfile.gettempdir()),
         "scratch_fs": _filesystem_of(scratch_dir or Path(tempfile.gettempdir())),
         "ours_serve_args": list(ours_serve_args),
+        "state": state,
     }
     specs = plan_runs(profile, workloads, stacks)
     records: list[dict[str, Any]] = [meta]
@@ -281,6 +288,7 @@ def run_suite(
                 scratch_dir=suite_scratch,
                 remove_workdir=False,
                 ours_serve_args=ours_serve_args,
+                state=state,
             )
             runs.append(record)
             records.append(record)
@@ -334,7 +342,8 @@ def _markdown(
     if "ours" in versions:
         client_loops = sorted({r.get("client_loop", "?") for r in runs if r["client"] == "ours"})
         extra = " ".join(meta.get("ours_serve_args") or ())
-        command = f"`rollout-server serve {extra}`" if extra else "`rollout-server serve`"
+        extra = f"--state {meta.get('state', 'memory')} {extra}".strip()
+        command = f"`rollout-server serve {extra}`"
         lines.append(
             f"- ours: rollout-server {ours_pkgs.get('rollout-server', '?')} on aiohttp "
             f"{ours_pkgs.get('aiohttp', '?')} ({command}, defaults: uvloop "
@@ -466,6 +475,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="one more argument for our rollout-server serve (repeatable), e.g. "
         "--ours-serve-arg=--no-metrics to measure the server without its metrics",
     )
+    parser.add_argument(
+        "--state",
+        choices=STATES,
+        default="memory",
+        help="our server's state: memory (memory:) or sqlite (a fresh state file per server, "
+        "next to its artifacts); default memory",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.profile = "quick"
@@ -529,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         py_spy=args.py_spy,
         scratch_dir=args.scratch_dir,
         ours_serve_args=tuple(args.ours_serve_arg),
+        state=args.state,
     )
     sys.stdout.write(md_path.read_text("utf-8"))
     sys.stdout.write(f"\nwrote {jsonl_path} and {md_path} in {time.monotonic() - began:.0f} s\n")

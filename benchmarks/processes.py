@@ -41,6 +41,8 @@ HarnessError = ProcessError
 
 START_TIMEOUT_SEC: Final = 60.0
 """Longest a server may take to publish its port and answer ``GET /health``."""
+STATES: Final = ("memory", "sqlite")
+"""Our server's state store: ``memory:``, or a fresh SQLite file in the server's directory."""
 
 STOP_TIMEOUT_SEC: Final = 30.0
 """Longest a server may take to exit after SIGTERM before it is killed."""
@@ -97,7 +99,10 @@ class ServerProcess:
         scratch_dir: Path | None = None,
         remove_workdir: bool = True,
         serve_args: Sequence[str] = (),
+        state: str = "memory",
     ) -> None:
+        if state not in STATES:
+            raise ValueError(f"state must be one of {STATES}; got {state!r}")
         if py_spy is not None and profile_path is None:
             raise ValueError("profile_path is required with py_spy")
         if stack not in ("ours", "osmosis", FLOOR):
@@ -109,6 +114,7 @@ class ServerProcess:
         self.scratch_dir = scratch_dir
         self.remove_workdir = remove_workdir
         self.serve_args = tuple(serve_args)
+        self.state = state
         self.profile_path = profile_path
         self.process: ManagedProcess | None = None
         self.profiler: ManagedProcess | None = None
@@ -138,10 +144,31 @@ class ServerProcess:
                 str(port_file),
                 "--app-dir",
                 str(ROOT),
+                "--state",
+                self._state_url(),
                 *self.serve_args,
             ]
         module = "floor_app" if self.stack == FLOOR else "osmosis_serve"
         return [self.python, "-m", f"benchmarks.apps.{module}", "--port-file", str(port_file)]
+
+    def _state_url(self) -> str:
+        if self.state == "memory":
+            return "memory:"
+        assert self._workdir is not None
+        return f"sqlite://{self._workdir / 'state.db'}"
+
+    def state_figures(self) -> dict[str, Any] | None:
+        """Our server's ``/health`` ``state`` object (the store and its group-commit figures:
+        ``commits``, ``writes``, ``largest_commit``), or None for another stack or when
+        ``/health`` does not answer."""
+        if self.stack != "ours" or not self.url:
+            return None
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5.0) as response:  # noqa: S310
+                state = json.loads(response.read()).get("state")
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+        return state if isinstance(state, dict) else None
 
     def __enter__(self) -> Self:
         self._workdir = Path(

@@ -263,8 +263,9 @@ class TestTinySuite:
         assert "| RolloutClientPool → 2 servers |" in table
 
     def test_ours_serve_args_reach_the_server_and_the_report(self, tmp_path: Path) -> None:
-        """``--ours-serve-arg`` is recorded with the figures and named in the table, and
-        our server gets it: with ``--no-metrics`` it has no ``/metrics``."""
+        """``--ours-serve-arg`` and ``--state`` are recorded with the figures and named in the
+        table, and our server gets them: with ``--no-metrics`` it has no ``/metrics``; with
+        ``--state sqlite`` each run records its server's group-commit figures."""
         records = run_suite(
             tmp_path,
             "--stacks",
@@ -272,10 +273,18 @@ class TestTinySuite:
             "--workload",
             "throughput",
             "--ours-serve-arg=--no-metrics",
+            "--state",
+            "sqlite",
         )
-        assert_well_formed(records)
+        runs = assert_well_formed(records)
         assert records[0]["ours_serve_args"] == ["--no-metrics"]
-        assert "`rollout-server serve --no-metrics`" in (tmp_path / "latest.md").read_text("utf-8")
+        assert records[0]["state"] == "sqlite"
+        for run in runs:
+            assert run["server_state"]["store"] == "sqlite"
+            assert run["server_state"]["writes"] >= run["count"]
+            assert 1 <= run["server_state"]["largest_commit"] <= run["server_state"]["writes"]
+        table = (tmp_path / "latest.md").read_text("utf-8")
+        assert "`rollout-server serve --state sqlite --no-metrics`" in table
         answers = {}
         for args in ((), ("--no-metrics",)):
             with ServerProcess(

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from rollout_client import RetrySettings
 from rollout_types import RolloutResultResponse, RolloutSample
 
 Behaviour = Callable[[dict[str, Any], asyncio.Event], Awaitable[RolloutResultResponse]]
@@ -145,6 +146,23 @@ def fakes() -> types.SimpleNamespace:
         failure=failure,
         until_cancelled=until_cancelled,
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "real_outage_schedule: keep rollout-eval's 16.6 s outage retry schedule"
+    )
+
+
+@pytest.fixture(autouse=True)
+def short_outage_schedule(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give in-process runs the protocol's short transport schedule (0.1 and 0.5 s) instead
+    of the 16.6 s outage schedule, so tests of failing servers stay quick; the tests marked
+    ``real_outage_schedule`` (test_outage.py) keep the real one."""
+    if request.node.get_closest_marker("real_outage_schedule") is not None:
+        return
+    monkeypatch.setattr("rollout_client.eval._client_seam.OUTAGE_RETRY", RetrySettings())
+    monkeypatch.setattr("rollout_client.eval._scheduler.ADMISSION_OUTAGE_DELAYS_SEC", (0.1, 0.5))
 
 
 def write_dataset(path: Path, rows: list[dict[str, Any]]) -> Path:

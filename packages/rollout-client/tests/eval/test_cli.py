@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from aiohttp import web
@@ -219,14 +219,31 @@ class TestCommandLine:
         assert f"rollout-eval {command}: error: unrecognized arguments: --bogus" in err
 
 
+SHORT_OUTAGE_EVAL: Final = (
+    "import sys; from rollout_client import RetrySettings; "
+    "import rollout_client.eval._client_seam as seam, rollout_client.eval._scheduler as sched; "
+    "seam.OUTAGE_RETRY = RetrySettings(); sched.ADMISSION_OUTAGE_DELAYS_SEC = (0.1, 0.5); "
+    "from rollout_client.eval._cli import main; sys.exit(main())"
+)
+"""``rollout-eval`` with the protocol's short transport schedule instead of the 16.6 s
+outage schedule (as the in-process tests run; see conftest's ``short_outage_schedule``)."""
+
+
 async def run_process(
-    dataset: Path, script: RolloutScript, *extra: str, env: dict[str, str] | None = None
+    dataset: Path,
+    script: RolloutScript,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    short_outage: bool = False,
 ) -> tuple[int, str]:
-    """Run ``rollout-eval run`` in a subprocess against ``script``; its status and stderr."""
+    """Run ``rollout-eval run`` in a subprocess against ``script``; its status and stderr.
+
+    With ``short_outage`` the command gives up on a dead server after 0.6 s of retries.
+    """
+    command = ("-c", SHORT_OUTAGE_EVAL) if short_outage else ("-m", "rollout_client.eval")
     process = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "rollout_client.eval",
+        *command,
         "run",
         str(dataset),
         "--server",
@@ -291,7 +308,13 @@ class TestClosingLine:
         dataset = rows(tmp_path / "d.jsonl", 6)
         process = asyncio.ensure_future(
             run_process(
-                dataset, script, "--concurrency", "2", "--max-consecutive-infra-failures", "2"
+                dataset,
+                script,
+                "--concurrency",
+                "2",
+                "--max-consecutive-infra-failures",
+                "2",
+                short_outage=True,
             )
         )
         async with asyncio.timeout(PROCESS_SEC):

@@ -20,6 +20,7 @@ from .._client import RolloutClient
 from .._pool import RolloutClientPool
 from ._dataset import DatasetRow
 from ._options import EvalOptions
+from ._outage import OUTAGE_RETRY
 
 __all__ = [
     "ClientFactory",
@@ -63,7 +64,13 @@ ClientFactory = Callable[..., RunClient]
 
 def default_client_factory(**kwargs: Any) -> RunClient:
     """A :class:`~rollout_client.RolloutClient` with its own session, or for ``urls`` a
-    :class:`~rollout_client.RolloutClientPool`."""
+    :class:`~rollout_client.RolloutClientPool`.
+
+    Unless ``retry`` is given, the client retries result polls on
+    :data:`~._outage.OUTAGE_RETRY` (a refused connection is retried for up to 16.6 s, so
+    polls outlast a server restart).
+    """
+    kwargs.setdefault("retry", OUTAGE_RETRY)
     client: RunClient = RolloutClientPool(**kwargs) if "urls" in kwargs else RolloutClient(**kwargs)
     return client
 

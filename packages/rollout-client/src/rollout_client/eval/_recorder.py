@@ -2,7 +2,8 @@
 line, a progress count and a step of the stop rule.
 
 The stop rule: after ``max_consecutive_infra_failures`` infrastructure failures in a row
-(default 5; 0 never stops; any final outcome resets the count) the recorder asks
+(default 5; 0 never stops; any final outcome resets the count; the rollouts one server
+restart failed count once, see :mod:`._outage`) the recorder asks
 :class:`RunControl` to stop, and the scheduler then starts no new rollouts and cancels the
 in-flight ones, which stay pending. An error no rollout can survive (another protocol
 version, the key refused) stops the run at once. A server that is shutting down (``503`` on
@@ -23,6 +24,7 @@ from rollout_types import RolloutResultResponse
 
 from ._control import RunControl
 from ._journal import Journal, JournalRecord
+from ._outage import restart_key
 from ._outcomes import (
     Classified,
     classify_exception,
@@ -75,6 +77,9 @@ class Recorder:
     """Infrastructure failures in a row so far (the stop rule's count)."""
     recorded_items: set[Item] = attrs.field(factory=set, init=False)
     """The items this run appended a journal record for."""
+    restarts: set[str] = attrs.field(factory=set, init=False)
+    """The ``process_id`` of each server process whose end failed rollouts of this run
+    (each counts once towards the stop rule)."""
 
     def record(
         self,
@@ -116,13 +121,25 @@ class Recorder:
         passed = passes(outcome, classified.reward, self.pass_threshold)
         self.progress.record(outcome, passed=passed)
         if outcome == "infra_failure":
+            restart = restart_key(err_category, err_message)
+            if restart is not None and restart in self.restarts:
+                return  # this restart counted (and was reported) once already
             self.consecutive_infra += 1
+            if restart is not None:
+                self.restarts.add(restart)
             if self.control.stop.is_set():
                 return  # stopping already: the summary counts the rest
-            self.progress.message(
-                f"rollout-eval: row {row_index} run {run_index}: infrastructure failure "
-                f"({err_category}): {err_message}"
-            )
+            if restart is not None:
+                self.progress.message(
+                    f"rollout-eval: the rollout server restarted (process {restart} ended): "
+                    "the rollouts it had in flight failed and stay pending (re-run the same "
+                    "command to run them again); they count as one infrastructure failure"
+                )
+            else:
+                self.progress.message(
+                    f"rollout-eval: row {row_index} run {run_index}: infrastructure failure "
+                    f"({err_category}): {err_message}"
+                )
             limit = self.max_consecutive_infra_failures
             if limit and self.consecutive_infra >= limit:
                 self.control.request_stop(

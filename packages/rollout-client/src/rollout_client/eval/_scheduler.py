@@ -14,8 +14,9 @@ in-flight ones: admitted rollouts on the server (through a separate client, boun
 admissions still in progress locally. Cancelled items are not recorded and stay pending.
 A drain (the server is shutting down) starts no new rollouts, abandons the admissions in
 progress and collects the admitted rollouts, each bounded by its item deadline; a stop
-during the drain cancels what is left. How each ending is recorded is the
-:class:`~._recorder.Recorder`'s business.
+during the drain cancels what is left. An admission that finds no server (a restart) is
+tried again with a fresh rollout id for up to 16.6 s (:mod:`._outage`). How each ending is
+recorded is the :class:`~._recorder.Recorder`'s business.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ._client_seam import RunClient, RunHandle, start_rollout
 from ._control import RunControl
 from ._dataset import DatasetRow
 from ._options import EvalOptions
+from ._outage import ADMISSION_OUTAGE_DELAYS_SEC, is_outage
 from ._progress import Progress
 from ._recorder import Recorder
 
@@ -115,19 +117,11 @@ class Scheduler:
         """Admit one item, await its result within the deadline, and record the ending."""
         rollout_id, group_id = self._ids(item)
         flight = _Flight(item=item, rollout_id=rollout_id)
-        self.flights[flight.rollout_id] = flight
+        key = flight.rollout_id
+        self.flights[key] = flight
         started = time.monotonic()
         try:
-            admission = asyncio.ensure_future(
-                start_rollout(
-                    self.client,
-                    options=self.options,
-                    row=self.rows[item[0]],
-                    rollout_id=flight.rollout_id,
-                    item=item,
-                    group_id=group_id,
-                )
-            )
+            admission = asyncio.ensure_future(self._admit(flight, group_id))
             flight.admission = admission
             try:
                 handle = await admission
@@ -173,7 +167,39 @@ class Scheduler:
                 cancel_requested=flight.cancel_sent,
             )
         finally:
-            self.flights.pop(flight.rollout_id, None)
+            self.flights.pop(key, None)
+
+    async def _admit(self, flight: _Flight, group_id: str | None) -> RunHandle:
+        """Admit ``flight``'s item, riding out a server outage (see :mod:`._outage`): an
+        admission that found no server is tried again after each of
+        :data:`~._outage.ADMISSION_OUTAGE_DELAYS_SEC` with a fresh rollout id (in its
+        group: ``<group>-<run>-a<attempt>``), unless the run is stopping; the last failure
+        is raised."""
+        attempt = 0
+        while True:
+            try:
+                handle: RunHandle = await start_rollout(
+                    self.client,
+                    options=self.options,
+                    row=self.rows[flight.item[0]],
+                    rollout_id=flight.rollout_id,
+                    item=flight.item,
+                    group_id=group_id,
+                )
+            except Exception as exc:
+                if (
+                    attempt >= len(ADMISSION_OUTAGE_DELAYS_SEC)
+                    or self.control.stop.is_set()
+                    or not is_outage(exc)
+                ):
+                    raise
+            else:
+                return handle
+            await asyncio.sleep(ADMISSION_OUTAGE_DELAYS_SEC[attempt])
+            attempt += 1
+            flight.rollout_id = (
+                uuid.uuid4().hex if group_id is None else f"{group_id}-{flight.item[1]}-a{attempt}"
+            )
 
     async def _overrun(self, flight: _Flight, handle: RunHandle, admitted: float) -> None:
         self.send_cancel(flight)
