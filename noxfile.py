@@ -76,7 +76,6 @@ LINT_PATHS = [
     "examples",
     "benchmarks",
     "docs",
-    "soak_short",
 ]
 
 
@@ -130,6 +129,7 @@ nox.options.sessions = [
     "report_browser",
     "floors",
     "docs",
+    "soak_short",
 ]
 
 
