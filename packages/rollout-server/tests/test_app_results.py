@@ -324,7 +324,7 @@ class TestLongPoll:
 
 def _poll_deadline(record: Any) -> float:
     """The loop time the one waiting poll of ``record`` is due at (its grace or its wait)."""
-    entry = record._waiters
+    entry = record.poll_entries
     assert isinstance(entry, list)
     return due_at(entry)
 

@@ -252,7 +252,7 @@ class TestLongPollWaits:
     @staticmethod
     def _deadline(record: RolloutRecord) -> float:
         """The loop time the one waiting poll of ``record`` is due at (its grace or wait)."""
-        entry = record._waiters
+        entry = record.poll_entries
         assert isinstance(entry, list)
         return due_at(entry)
 

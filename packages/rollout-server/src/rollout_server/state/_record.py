@@ -4,7 +4,7 @@ fields of a result to publish.
 A record is data with ``__slots__`` (one per rollout in flight or retained, so every
 attribute counts). Others read it; only the registry writes it
 (:class:`~rollout_server.state._registry.RolloutRegistry`, whose
-:class:`~rollout_server.state._waiting.LongPollWaits` keeps the waiting polls in ``_waiters``).
+:class:`~rollout_server.state._waiting.LongPollWaits` keeps the waiting polls in ``poll_entries``).
 """
 
 from __future__ import annotations
@@ -61,14 +61,17 @@ class RolloutRecord:
         delivered: Whether a poll has returned its published result.
         started: Whether its execution task has taken its first step.
         task: Its execution task while that runs, else None.
+        lease_timer: The lease's entry in the registry's deadline queue, else None.
+        retention_timer: The retention's entry in that queue once published, else None.
+        retention_elapsed: Whether ``result_retention_sec`` has passed since publication
+            (the record is then removed as soon as its execution has finished).
+        poll_entries: The deadline entries of waiting long polls (each entry's argument is
+            the poll's future): one entry alone (the usual case), a tuple of several, or
+            None. Written by :class:`~rollout_server.state._waiting.LongPollWaits`.
     """
 
     __slots__ = (
         "_digest",
-        "_lease_timer",
-        "_retention_elapsed",
-        "_retention_timer",
-        "_waiters",
         "admitted_at",
         "body",
         "delivered",
@@ -76,6 +79,10 @@ class RolloutRecord:
         "disposition",
         "finished",
         "lease_deadline",
+        "lease_timer",
+        "poll_entries",
+        "retention_elapsed",
+        "retention_timer",
         "rollout_id",
         "started",
         "status",
@@ -99,12 +106,10 @@ class RolloutRecord:
         self.task: asyncio.Task[Any] | None = None
         self.started = False
         self._digest = digest
-        self._lease_timer: Entry | None = None
-        self._retention_timer: Entry | None = None
-        self._retention_elapsed = False
-        # The deadline entries of waiting long polls (each entry's argument is the poll's
-        # future): one entry alone (the usual case), a tuple of several, or None.
-        self._waiters: Entry | tuple[Entry, ...] | None = None
+        self.lease_timer: Entry | None = None
+        self.retention_timer: Entry | None = None
+        self.retention_elapsed = False
+        self.poll_entries: Entry | tuple[Entry, ...] | None = None
 
     def __repr__(self) -> str:
         return f"<RolloutRecord {self.rollout_id!r} {self.status}>"
@@ -117,16 +122,10 @@ class RolloutRecord:
     @property
     def waiting(self) -> int:
         """How many long polls are waiting for this rollout's status to change."""
-        waiters = self._waiters
+        waiters = self.poll_entries
         if waiters is None:
             return 0
         return len(waiters) if isinstance(waiters, tuple) else 1
-
-    @property
-    def retention_elapsed(self) -> bool:
-        """Whether ``result_retention_sec`` has passed since publication (the record is then
-        removed as soon as its execution has finished)."""
-        return self._retention_elapsed
 
     def check_token(self, token: str) -> bool:
         """Tell whether ``token`` is this rollout's lease token (constant-time compare)."""

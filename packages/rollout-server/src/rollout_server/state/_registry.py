@@ -164,7 +164,7 @@ class RolloutRegistry(RecordTable):
         record.task = task
         self._tasks[task] = record
         task.add_done_callback(self._done_callback, context=self._callback_context)
-        record._lease_timer = self._deadlines.add(
+        record.lease_timer = self._deadlines.add(
             loop, record.lease_deadline, self._lease_callback, record
         )
         return record, token
@@ -296,13 +296,13 @@ class RolloutRegistry(RecordTable):
         record.body = body
         record.status = status
         log_finished(record, status, sample, err_message, err_category)
-        if record._lease_timer is not None:
-            self._deadlines.cancel(record._lease_timer)
-            record._lease_timer = None
+        if record.lease_timer is not None:
+            self._deadlines.cancel(record.lease_timer)
+            record.lease_timer = None
         self.waits.wake(record)
         if not self._closed:
             loop = self.loop
-            record._retention_timer = self._deadlines.add(
+            record.retention_timer = self._deadlines.add(
                 loop, loop.time() + self._retention_sec, self._on_retention_elapsed, record
             )
         for observer in self._observers:
@@ -358,12 +358,12 @@ class RolloutRegistry(RecordTable):
         return True
 
     def _on_lease_timer(self, record: RolloutRecord) -> None:
-        record._lease_timer = None
+        record.lease_timer = None
         if record.body is not None:
             return
         loop = self.loop
         if record.lease_deadline - loop.time() > FIRE_SLACK_SEC:
-            record._lease_timer = self._deadlines.add(
+            record.lease_timer = self._deadlines.add(
                 loop, record.lease_deadline, self._lease_callback, record
             )
             return
@@ -420,7 +420,7 @@ class RolloutRegistry(RecordTable):
         record.task = None
         self._publish_end(record, task)
         record.finished = True
-        if record._retention_elapsed:
+        if record.retention_elapsed:
             self._remove(record)
         if not self._tasks:
             self._tasks_ended()
@@ -454,9 +454,9 @@ class RolloutRegistry(RecordTable):
         waits = self.waits
         waits.close()
         for record in self._records.values():
-            for timer in (record._lease_timer, record._retention_timer):
+            for timer in (record.lease_timer, record.retention_timer):
                 if timer is not None:
                     self._deadlines.cancel(timer)
-            record._lease_timer = None
-            record._retention_timer = None
+            record.lease_timer = None
+            record.retention_timer = None
             waits.wake(record)

@@ -121,7 +121,7 @@ class RecordTable:
                 unfinished.append(record)
             elif not self._closed:
                 left = max((row.retention_deadline or wall) - wall, 0.0)
-                record._retention_timer = self._deadlines.add(
+                record.retention_timer = self._deadlines.add(
                     loop, now + left, self._on_retention_elapsed, record
                 )
         return unfinished
@@ -137,8 +137,8 @@ class RecordTable:
     # -- retention and removal --------------------------------------------------------
 
     def _on_retention_elapsed(self, record: RolloutRecord) -> None:
-        record._retention_timer = None
-        record._retention_elapsed = True
+        record.retention_timer = None
+        record.retention_elapsed = True
         if record.finished:
             self._remove(record)
 

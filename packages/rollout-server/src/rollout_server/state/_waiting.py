@@ -80,9 +80,9 @@ def _entries(waiters: Entry | tuple[Entry, ...]) -> tuple[Entry, ...]:
 def _list_waiters(record: RolloutRecord, entries: list[Entry]) -> None:
     """Keep ``entries`` as the waiting polls of ``record`` (None, one entry, or a tuple)."""
     if not entries:
-        record._waiters = None
+        record.poll_entries = None
     else:
-        record._waiters = entries[0] if len(entries) == 1 else tuple(entries)
+        record.poll_entries = entries[0] if len(entries) == 1 else tuple(entries)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -193,8 +193,8 @@ class LongPollWaits:
             entry = self._deadlines.add(loop, now + grace, check, fut)
         else:
             entry = self._deadlines.add(loop, until, _resolve, fut)
-        waiters = record._waiters
-        record._waiters = entry if waiters is None else (*_entries(waiters), entry)
+        waiters = record.poll_entries
+        record.poll_entries = entry if waiters is None else (*_entries(waiters), entry)
         return fut
 
     def end(self, record: RolloutRecord, fut: asyncio.Future[None]) -> None:
@@ -202,7 +202,7 @@ class LongPollWaits:
         cancel its future if pending and drop its deadline."""
         if not fut.done():
             fut.cancel()
-        waiters = record._waiters
+        waiters = record.poll_entries
         if waiters is None:
             return  # a wake-up took (and cancelled) every entry
         # Keep the other polls' live entries; drop this poll's and any that have fired.
@@ -218,10 +218,10 @@ class LongPollWaits:
     def wake(self, record: RolloutRecord) -> None:
         """End every waiting poll of ``record`` at once (its result is published, or the
         registry is closing)."""
-        waiters = record._waiters
+        waiters = record.poll_entries
         if waiters is None:
             return
-        record._waiters = None
+        record.poll_entries = None
         for entry in _entries(waiters):
             fut = pending_argument(entry)  # before cancel() clears it; None once fired
             self._deadlines.cancel(entry)
@@ -230,7 +230,7 @@ class LongPollWaits:
 
     def status_changed(self, record: RolloutRecord) -> None:
         """End every waiting poll of ``record`` within the status-change grace."""
-        waiters = record._waiters
+        waiters = record.poll_entries
         if waiters is None:
             return
         if self._grace_sec <= 0.0:
@@ -239,9 +239,9 @@ class LongPollWaits:
         now = self.loop.time()
         by = now + self._grace_sec
         if isinstance(waiters, tuple):
-            record._waiters = tuple(self._move(record, entry, now, by) for entry in waiters)
+            record.poll_entries = tuple(self._move(record, entry, now, by) for entry in waiters)
         else:
-            record._waiters = self._move(record, waiters, now, by)
+            record.poll_entries = self._move(record, waiters, now, by)
 
     def _move(self, record: RolloutRecord, entry: Entry, now: float, by: float) -> Entry:
         """Bring the waiting poll ``entry`` of ``record`` forward to ``by`` (loop seconds)
@@ -298,7 +298,7 @@ class LongPollWaits:
             else:
                 entry = self._deadlines.add(loop, until, _resolve, fut)
             # This poll's own entry has fired; keep the entries still pending, and the new.
-            waiters = record._waiters
+            waiters = record.poll_entries
             live = () if waiters is None else _entries(waiters)
             kept = [other for other in live if pending_argument(other) is not None]
             _list_waiters(record, [*kept, entry])
