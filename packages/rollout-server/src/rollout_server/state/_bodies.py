@@ -74,6 +74,8 @@ def detail_body(detail: Any) -> bytes:
     return encode({"detail": detail})
 
 
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "A result is encoded
+#   once, at publication ..."
 def result_body(
     *,
     rollout_id: str,
@@ -121,6 +123,8 @@ def _progress_templates() -> dict[RolloutStatus, tuple[str, str]]:
 _PROGRESS_TEMPLATES: Final = _progress_templates()
 
 
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "A result is encoded
+#   once, at publication ..."
 def progress_body(rollout_id: str, status: RolloutStatus) -> bytes:
     """The result document of a rollout in progress: its id and status, every other field
     null; the same bytes as :func:`encode` of that :class:`~rollout_types.RolloutResultResponse`.

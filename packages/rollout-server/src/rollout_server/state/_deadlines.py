@@ -42,6 +42,8 @@ MIN_COMPACT: Final = 1024
 they outnumber the live ones)."""
 
 
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "One deadline heap on
+#   one loop timer ..."
 class DeadlineQueue:
     """Deadlines on one loop, each calling ``callback(argument)`` once it is due.
 

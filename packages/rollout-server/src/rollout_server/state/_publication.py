@@ -110,6 +110,8 @@ def task_end(
     return TaskEnd(_CRASH, False)
 
 
+# Speed: benchmarks/README.md, "Server: the `rollout-server serve` process", row "The log lines of
+#   one loop turn written with one `write` ..."
 def log_finished(
     record: RolloutRecord,
     status: RolloutStatus,

@@ -43,6 +43,12 @@ def token_digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "A waiting poll is a
+#   plain future in one deadline entry ..."
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "Per-rollout objects
+#   have `__slots__` ..."
+# Speed: benchmarks/README.md, "Server: when a waiting poll answers", row "A poll that finds a
+#   status not yet answered ..."
 class RolloutRecord:
     """The server-side state of one admitted rollout (written by the registry only).
 

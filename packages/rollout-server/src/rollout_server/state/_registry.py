@@ -64,6 +64,10 @@ def _no_outcome(_rollout_id: str, _task: asyncio.Task[Any]) -> ResultFields | No
     return None
 
 
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "One deadline heap on
+#   one loop timer ..."
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "The execution task runs
+#   `backend.execute()` itself ..."
 class RolloutRegistry(RecordTable):
     """Every admitted rollout of one server, by id.
 
@@ -219,6 +223,8 @@ class RolloutRegistry(RecordTable):
             if self._link is not None:
                 self._link.store.note_disposition(record.rollout_id, disposition)
 
+    # Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "A result is encoded
+    #   once, at publication ..."
     def publish(
         self,
         record: RolloutRecord,
@@ -308,6 +314,8 @@ class RolloutRegistry(RecordTable):
         for observer in self._observers:
             observer.published(record, status, err_category)
 
+    # Speed: benchmarks/README.md, "Server: when a waiting poll answers", row "A poll that finds a
+    #   status not yet answered ..."
     def deliver_status(self, record: RolloutRecord) -> RolloutStatus:
         """Note that a poll answers the current in-progress status of ``record`` (the
         status-change grace then no longer applies to it: see

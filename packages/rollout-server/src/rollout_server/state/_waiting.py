@@ -48,6 +48,7 @@ __all__ = [
     "LongPollWaits",
 ]
 
+# Speed: benchmarks/README.md, "Server: when a waiting poll answers", row "Status-change grace ..."
 DEFAULT_STATUS_CHANGE_GRACE_SEC: Final = 1.0
 """Longest time (seconds) a long poll goes on waiting after a non-terminal status change
 (during the poll, or since the status last answered to the caller), for a result that may
@@ -55,6 +56,7 @@ follow: then it answers the status it finds (spec 4.6 step 3). A rollout that en
 it is answered in one round trip; a phase that lasts longer is reported at most this much
 (plus a round trip) after it began."""
 
+# Speed: benchmarks/README.md, "Server: when a waiting poll answers", row "Saturated-loop rule ..."
 SATURATED_LOOP_SHARE: Final = 0.9
 """A status-change grace is put off by another grace (up to the poll's own wait) when the
 thread running the event loop spent at least this share of the grace on the CPU (CPU
@@ -64,6 +66,7 @@ With 5,000 held rollouts released together on a 2-core machine, the server needs
 of CPU; beyond the 1 s grace, polls answered ``grading`` and re-polled, which made the
 burst longer still."""
 
+# Speed: benchmarks/README.md, "Server: when a waiting poll answers", row "Saturated-loop rule ..."
 CPU_READING_INTERVAL_SEC: Final = 0.01
 """Longest time (loop seconds) one reading of the loop thread's CPU clock serves the graces
 that start or end after it. Each grace is judged over the span from the reading before it
@@ -90,6 +93,11 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "One deadline heap on
+#   one loop timer ..."
+# Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "A waiting poll is a
+#   plain future in one deadline entry ..."
+# Speed: benchmarks/README.md, "Server: when a waiting poll answers", row "Saturated-loop rule ..."
 class LongPollWaits:
     """The waiting long polls of one registry.
 
@@ -155,6 +163,10 @@ class LongPollWaits:
         """Whether :meth:`close` has run (later waits return at once)."""
         return self._closed
 
+    # Speed: benchmarks/README.md, "Server: what a waiting rollout holds", row "A waiting poll is a
+    #   plain future in one deadline entry ..."
+    # Speed: benchmarks/README.md, "Server: when a waiting poll answers", row "A poll that finds a
+    #   status not yet answered ..."
     def begin(self, record: RolloutRecord, timeout: float) -> asyncio.Future[None] | None:
         """Start a long poll's wait on ``record``.
 
@@ -228,6 +240,8 @@ class LongPollWaits:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
+    # Speed: benchmarks/README.md, "Server: when a waiting poll answers", row "Status-change grace
+    #   ..."
     def status_changed(self, record: RolloutRecord) -> None:
         """End every waiting poll of ``record`` within the status-change grace."""
         waiters = record.poll_entries
