@@ -21,6 +21,15 @@ and, without an acknowledgement within ``cancel_grace_sec``, the worker is kille
 replaced; a worker that dies fails each of its rollouts as ``internal_error`` with the
 cause. Ray never re-runs a rollout: a caller retries with a new id.
 
+On durable state (the server tells the backend its state URL before it starts) with a Ray
+cluster the backend joins, the workers outlive the server process: named, detached actors
+in :func:`state_namespace`'s namespace that keep their latest outcomes
+(:func:`kept_outcomes`). A server restarted on the same state re-attaches
+(:meth:`RayBackend._reattach`, called by the server's recovery): it takes the workers over,
+collects what finished while it was down and waits again for what still runs. A graceful
+shutdown kills them as before; with ``memory:`` state or a local cluster the backend starts
+itself, the workers are anonymous actors of the server process.
+
 Importing this module does not import Ray; :meth:`RayBackend.startup` does.
 """
 
@@ -153,7 +162,10 @@ class RayBackend(SlotBackend[PoolWorker]):
             ``max_restarts``, ``max_task_retries``, ``max_concurrency`` and
             ``concurrency_groups`` itself.
         address: The Ray cluster to join; default ``$RAY_ADDRESS``, else a new local
-            cluster (bound to 127.0.0.1). Ignored when Ray is initialised already.
+            cluster (bound to 127.0.0.1). Ignored when Ray is initialised already. A
+            cluster the backend joins outlives the server: on durable state its workers
+            are then named and detached, and a restarted server re-attaches to them
+            (the README's "Workers that outlive the server").
         init_options: Further keyword arguments of ``ray.init()`` (such as ``num_cpus``
             or ``runtime_env``), used only when this backend initialises Ray.
         artifact_root: Directory on each worker's node under which rollout files go;
