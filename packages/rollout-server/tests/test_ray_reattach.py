@@ -3,7 +3,8 @@ a SQLite state file joins the session's Ray cluster (127.0.0.1), so its workers 
 detached actors that outlive the server process. SIGKILL of the server leaves them running;
 the restarted server (same state, same port) re-attaches, collects what finished meanwhile
 and waits for the rest; only rollouts whose worker died too fail by the restart. A clean
-(SIGTERM) shutdown leaves no detached worker behind.
+(SIGTERM) shutdown leaves no detached worker behind. In process: a named worker lost while
+the server runs is replaced under its name.
 
 Workflows wait for a release file the test writes and mark their start and end with files:
 the test waits on those (bounded), never on timing.
@@ -26,6 +27,7 @@ from typing import Any, Final
 import aiohttp
 import pytest
 
+from rollout_server import AgentWorkflow, AgentWorkflowOutput, RayBackend, WorkflowContext
 from rollout_types import LEASE_HEADER
 
 ray = pytest.importorskip("ray")
@@ -249,6 +251,47 @@ async def until_gone(namespace: str, names: list[str]) -> None:
             if not set(names) & set(named_workers(namespace)):
                 return
             await asyncio.sleep(0.05)
+
+
+class QuickWorkflow(AgentWorkflow):
+    async def run(self, ctx: WorkflowContext) -> AgentWorkflowOutput:
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": "42"}])
+
+
+class TestNamedWorkersInProcess:
+    async def test_a_named_worker_lost_while_serving_is_replaced_under_its_name(
+        self, make_harness: Any, ray_cluster: Any, tmp_path: Path
+    ) -> None:
+        """On durable state with a joined cluster, a named worker SIGKILLed while the
+        server runs is replaced by one of the same name (once Ray frees it), which
+        serves; the backend's shutdown kills it (no detached actor is left)."""
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        state = f"sqlite://{tmp_path / 'state.db'}"
+        namespace = state_namespace(state)
+        backend = RayBackend(
+            QuickWorkflow,
+            address=ray_cluster.address,
+            worker_options={"num_cpus": 0},
+            artifact_root=tmp_path,
+        )
+        harness = await make_harness(backend, state=state)
+        assert named_workers(namespace) == ["rollout-worker-0"]
+        (worker,) = (await harness.health()).json["ray"]["pool"]
+        os.kill(worker["pid"], signal.SIGKILL)
+        async with asyncio.timeout(EVENT_SEC):
+            while True:
+                fields = (await harness.health()).json["ray"]
+                if fields["replaced"] == 1 and fields["workers_alive"] == 1:
+                    break
+                await asyncio.sleep(0.05)
+        assert fields["pool"][0]["pid"] != worker["pid"]
+        assert named_workers(namespace) == ["rollout-worker-0"]
+        token = await harness.admit("a", grade=False)
+        reply = await harness.poll_until("a", token, "success", "failure", "cancelled")
+        assert reply.json["status"] == "success", reply.json
+        assert reply.json["sample"]["messages"][-1]["content"] == "42"
+        await backend.shutdown()
+        assert named_workers(namespace) == []
 
 
 class TestReattach:
