@@ -276,6 +276,7 @@ class TestNamedWorkersInProcess:
         )
         harness = await make_harness(backend, state=state)
         assert named_workers(namespace) == ["rollout-worker-0"]
+        assert (await harness.health()).json["ray"]["namespace"] == namespace
         (worker,) = (await harness.health()).json["ray"]["pool"]
         os.kill(worker["pid"], signal.SIGKILL)
         async with asyncio.timeout(EVENT_SEC):
@@ -333,6 +334,7 @@ class TestReattach:
             )
             assert counts is not None, second.output
             assert int(counts.group(1)) + int(counts.group(2)) == ROLLOUTS
+            assert "was started with another workflow" not in second.output
             document = await health(session, second.url)
             assert document["state"]["reattached_rollouts"] == ROLLOUTS
             assert document["state"]["failed_by_restart"] == 0

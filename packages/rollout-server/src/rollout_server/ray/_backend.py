@@ -332,10 +332,14 @@ class RayBackend(SlotBackend[PoolWorker]):
             ) from exc.__cause__
         self._pool = pool
         logger.info(
-            "RayBackend started %d worker(s) x %s slot(s) on the Ray cluster at %s",
+            "RayBackend started %d worker(s) x %s slot(s) on the Ray cluster at %s%s",
             self._num_workers,
             "unlimited" if self._slots is None else self._slots,
             self._cluster_address,
+            ""
+            if namespace is None
+            else f" (named, detached workers in the Ray namespace {namespace}: a crash leaves "
+            "them for the next start on the same state; a SIGTERM stops them)",
         )
         return pool
 
@@ -455,6 +459,7 @@ class RayBackend(SlotBackend[PoolWorker]):
         slots = self._slots
         ray_fields: dict[str, Any] = {
             "address": self._cluster_address,
+            "namespace": None if pool is None else pool.namespace,
             "workers": self._num_workers,
             "workers_alive": 0 if pool is None else pool.slots.alive,
             "slots_per_worker": slots,

@@ -232,6 +232,16 @@ class WorkerPool:
             return None
         worker.reattached = True
         logger.info("Ray %s outlived the previous server process: re-attached", worker.label)
+        if worker.info.get("spec") != self._spec.fingerprint():
+            logger.warning(
+                "Ray %s was started with another workflow, grader, config or artifact root "
+                "than this server's (%s, not %s); it is re-attached to finish its rollouts and "
+                "keeps serving with what it was started with: stop the server with SIGTERM "
+                "(which stops the workers) to start them anew",
+                worker.label,
+                worker.info.get("spec"),
+                self._spec.fingerprint(),
+            )
         return self._serve(worker)
 
     def _serve(self, worker: PoolWorker) -> PoolWorker:

@@ -100,6 +100,19 @@ class WorkerSpec:
     grader_config: Any
     artifact_root: str | None
 
+    def fingerprint(self) -> str:
+        """What the workers of two server processes compare: the workflow and grader (by
+        import path), their configs and the artifact root, as one line of text."""
+        return repr(
+            (
+                _named(self.workflow),
+                self.workflow_config,
+                _named(self.grader),
+                self.grader_config,
+                self.artifact_root,
+            )
+        )
+
     def build(self) -> LocalBackend:
         """The worker's LocalBackend (``artifact_root`` None: the worker's own default)."""
         return LocalBackend(
@@ -109,6 +122,12 @@ class WorkerSpec:
             grader_config=self.grader_config,
             artifact_root=self.artifact_root,
         )
+
+
+def _named(value: Any) -> Any:
+    if isinstance(value, type):
+        return f"{value.__module__}:{value.__qualname__}"
+    return value
 
 
 # -- the actor -------------------------------------------------------------------------
@@ -157,6 +176,7 @@ class RolloutWorker:
 
     def __init__(self, spec: WorkerSpec, keep_outcomes: int = 0) -> None:
         self._backend = spec.build()
+        self._fingerprint = spec.fingerprint()
         self._tasks: dict[int, asyncio.Task[Any] | None] = {}
         self._cancelled_early: set[int] = set()
         self._grading: list[int] = []
@@ -173,7 +193,8 @@ class RolloutWorker:
         self._generation = 0
 
     async def ready(self) -> dict[str, Any]:
-        """Where this worker runs: ``{"pid", "node_id", "node_ip", "host"}``."""
+        """Where this worker runs and what it was built from: ``{"pid", "node_id",
+        "node_ip", "host", "spec"}`` (``spec``: :meth:`WorkerSpec.fingerprint`)."""
         import ray
 
         context = ray.get_runtime_context()
@@ -182,6 +203,7 @@ class RolloutWorker:
             "node_id": context.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
             "host": socket.gethostname(),
+            "spec": self._fingerprint,
         }
 
     async def run(self, payload: tuple[Any, ...]) -> tuple[Any, ...] | str:
