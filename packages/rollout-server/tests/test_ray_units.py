@@ -300,7 +300,7 @@ class TestKeptOutcomes:
 
     async def test_latest_outcomes_are_kept_until_collected(self, tmp_path: Any) -> None:
         """A worker keeps the latest ``keep_outcomes`` outcomes by rollout id; collect()
-        hands each over once."""
+        and wait() answer from them for as long as they are kept."""
         worker = _keeping_worker(tmp_path, keep=2)
         for key, rollout_id in enumerate(("a", "b", "c"), start=1):
             RELEASES.setdefault(rollout_id, asyncio.Event()).set()
@@ -310,9 +310,10 @@ class TestKeptOutcomes:
         assert sorted(collected.finished) == ["b", "c"]
         assert all(_status_of(r) == RolloutStatus.SUCCESS for r in collected.finished.values())
         assert (collected.running, collected.cancelled) == ({}, 0)
-        again = await worker.collect(["b", "c"])
-        assert again.finished == {}
-        assert await worker.wait(99, "b") is None
+        # Still kept: a server that crashes again before storing them collects them again.
+        assert (await worker.collect(["b", "c"])).finished == collected.finished
+        assert await worker.wait(99, "b") == collected.finished["b"]
+        assert await worker.wait(99, "a") is None
 
     async def test_a_rollout_outlives_its_cancelled_call_and_is_waited_for_again(
         self, tmp_path: Any

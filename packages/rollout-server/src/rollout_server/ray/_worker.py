@@ -239,19 +239,22 @@ class RolloutWorker:
         if live is not None:
             reply: tuple[Any, ...] | str = await asyncio.shield(live[2])
             return reply
-        kept = self._kept.pop(rollout_id, None)
+        kept = self._kept.get(rollout_id)
         return None if kept is None else kept[1]
 
     async def collect(self, rollout_ids: list[str]) -> Collected:
         """What a restarted server asks for (module docstring): the outcomes of
-        ``rollout_ids`` that finished (no longer kept here), those still running, and every
-        other running rollout cancelled. Answers the previous server's ``events`` call."""
+        ``rollout_ids`` that finished (still kept, within the bounds), those still running,
+        and every other running rollout cancelled. Answers the previous server's ``events``
+        call."""
         self._generation += 1
         if self._changed is not None:
             self._changed.set()
         self._trim()
         asked = set(rollout_ids)
-        finished = {rid: self._kept.pop(rid)[1] for rid in rollout_ids if rid in self._kept}
+        # Kept, not handed over once: a server that crashes again before it has stored
+        # them collects them again at its next start.
+        finished = {rid: self._kept[rid][1] for rid in rollout_ids if rid in self._kept}
         running: dict[str, tuple[int, tuple[Any, ...], float, bool]] = {}
         now = time.monotonic()
         orphans: list[int] = []
