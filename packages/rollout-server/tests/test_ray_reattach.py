@@ -294,6 +294,24 @@ class TestNamedWorkersInProcess:
         await backend.shutdown()
         assert named_workers(namespace) == []
 
+    async def test_memory_state_keeps_anonymous_workers(
+        self, make_harness: Any, ray_cluster: Any, tmp_path: Path
+    ) -> None:
+        """With memory: state nothing survives a restart, so even on a joined cluster the
+        workers stay anonymous actors of the server process."""
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        before = ray.util.list_named_actors(all_namespaces=True)
+        backend = RayBackend(
+            QuickWorkflow,
+            address=ray_cluster.address,
+            worker_options={"num_cpus": 0},
+            artifact_root=tmp_path,
+        )
+        harness = await make_harness(backend, state="memory:")
+        fields = (await harness.health()).json["ray"]
+        assert (fields["namespace"], fields["workers_alive"]) == (None, 1)
+        assert ray.util.list_named_actors(all_namespaces=True) == before
+
 
 class TestReattach:
     async def test_restart_while_ten_rollouts_run_finishes_all_as_success(
