@@ -46,7 +46,8 @@ ROLLOUTS: Final = 10
 TARGET_MODULE: Final = '''
 """RayBackend of the re-attach tests: each rollout writes started-<id> (with its worker's
 pid) into metadata["dir"], waits until release-<id> exists there, writes finished-<id>
-and answers; two workers of 8 slots, joining the cluster at $RAY_ADDRESS."""
+and answers; $REATTACH_WORKERS (default two) workers of 8 slots, joining the cluster at
+$RAY_ADDRESS."""
 
 import asyncio
 import os
@@ -79,7 +80,7 @@ backend = RayBackend(
     ReleasedWorkflow,
     workflow_config=AgentWorkflowConfig(name="reattach", concurrency={"max_concurrent": 8}),
     grader=FullMarks,
-    num_workers=2,
+    num_workers=int(os.environ.get("REATTACH_WORKERS", "2")),
     worker_options={"num_cpus": 0},
     cancel_grace_sec=2.0,
 )
@@ -136,7 +137,9 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(app_dir: Path, cluster: Any, *args: str) -> Iterator[Served]:
+def serve(
+    app_dir: Path, cluster: Any, *args: str, env: dict[str, str] | None = None
+) -> Iterator[Served]:
     """Start the server joining ``cluster``; stop it by its PID at the end (SIGTERM, then
     SIGKILL)."""
     process = subprocess.Popen(
@@ -165,6 +168,7 @@ def serve(app_dir: Path, cluster: Any, *args: str) -> Iterator[Served]:
             "PYTHONUNBUFFERED": "1",
             "RAY_ADDRESS": cluster.address,
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            **(env or {}),
         },
     )
     try:
@@ -419,6 +423,61 @@ class TestReattach:
                         f"the server process {killed_process_id} ended before the rollout "
                         "finished; Ray worker(s) 0 of the pool ended while it was down, and "
                         "no live worker holds the rollout"
+                    )
+                else:
+                    assert body["status"] == "success"
+            second.process.send_signal(signal.SIGTERM)
+            assert await second.exit_status() == 0
+        assert named_workers(namespace) == []
+
+    async def test_a_smaller_pool_stops_the_extra_worker_and_fails_only_its_rollouts(
+        self,
+        app_dir: Path,
+        ray_cluster: Any,
+        session: aiohttp.ClientSession,
+        tmp_path: Path,
+    ) -> None:
+        """Restarted with num_workers=1, the server stops worker 1 (beyond its size): the
+        rollouts there fail by the restart saying so; worker 0's finish as success."""
+        state = f"sqlite://{tmp_path / 'state.db'}"
+        namespace = state_namespace(state)
+        work = tmp_path / "work"
+        work.mkdir()
+        ids = [f"s-{i}" for i in range(4)]
+        with serve(app_dir, ray_cluster, "--port", "0", "--state", state) as first:
+            await first.listening()
+            port = first.port
+            tokens = {rid: await admit(session, first.url, rid, work) for rid in ids}
+            await until_files(work, "started", ids)
+            pool = (await health(session, first.url))["ray"]["pool"]
+            await sigkill(first)
+        pid_of_worker_1 = next(entry["pid"] for entry in pool if entry["index"] == 1)
+        on_worker_1 = [
+            rid for rid in ids if (work / f"started-{rid}").read_text() == str(pid_of_worker_1)
+        ]
+        assert 0 < len(on_worker_1) < len(ids)
+
+        with serve(
+            app_dir,
+            ray_cluster,
+            "--port",
+            str(port),
+            "--state",
+            state,
+            env={"REATTACH_WORKERS": "1"},
+        ) as second:
+            await second.listening()
+            assert named_workers(namespace) == ["rollout-worker-0"]
+            for rid in ids:
+                (work / f"release-{rid}").write_text("")
+            for rid in ids:
+                body = await result(session, second.url, rid, tokens[rid])
+                if rid in on_worker_1:
+                    assert (body["status"], body["err_category"]) == ("failure", "internal_error")
+                    assert body["err_message"].endswith(
+                        "ended before the rollout finished; 1 Ray worker(s) beyond "
+                        "num_workers=1 were stopped at the restart, and no live worker holds "
+                        "the rollout"
                     )
                 else:
                     assert body["status"] == "success"

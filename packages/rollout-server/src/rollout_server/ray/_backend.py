@@ -366,13 +366,16 @@ class RayBackend(SlotBackend[PoolWorker]):
         }
         for rollout_id, dispatch in running.items():
             coroutines[rollout_id] = self._outcome(pool, dispatch, held_from)
-        note = None
+        causes = []
         if pool.gone:
             which = ", ".join(str(index) for index in pool.gone)
-            note = (
-                f"; Ray worker(s) {which} of the pool ended while it was down, and no live "
-                "worker holds the rollout"
+            causes.append(f"Ray worker(s) {which} of the pool ended while it was down")
+        if pool.retired:
+            causes.append(
+                f"{pool.retired} Ray worker(s) beyond num_workers={self._num_workers} were "
+                "stopped at the restart"
             )
+        note = f"; {' and '.join(causes)}, and no live worker holds the rollout" if causes else None
         logger.info(
             "RayBackend re-attached to %d worker(s) of the previous server process: %d "
             "rollout(s) finished meanwhile, %d still running%s",
