@@ -838,6 +838,7 @@ def interop(session: nox.Session) -> None:
 
 RAY_TESTS = (
     "packages/rollout-server/tests/test_ray_backend.py",
+    "packages/rollout-server/tests/test_ray_reattach.py",
     "packages/rollout-server/tests/test_local_http.py",
 )
 """RayBackend's own tests, and the real-backend HTTP suite run against RayBackend."""

@@ -30,6 +30,7 @@ class TestHealth:
                 "store": "memory",
                 "recovered_rollouts": 0,
                 "failed_by_restart": 0,
+                "reattached_rollouts": 0,
                 "commits": 0,
                 "writes": 0,
                 "largest_commit": 0,

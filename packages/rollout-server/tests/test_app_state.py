@@ -19,9 +19,17 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from rollout_server import ShutdownTimeouts, create_rollout_server
+from rollout_server import (
+    ExecutionOutcome,
+    ExecutionResult,
+    Sample,
+    ShutdownTimeouts,
+    create_rollout_server,
+)
+from rollout_server.execution._reattach import Reattached
 from rollout_server.state._sqlite import SqliteStore
 from rollout_server.state._store import StateOpenError, StoreWriteError
+from rollout_types import RolloutStatus
 
 Harness = Any
 """conftest's ``Harness`` (test files cannot import conftest)."""
@@ -323,6 +331,75 @@ class TestRestart:
         assert state["failed_by_restart"] == 1
         # The restart failure is stored too: a second restart answers it unchanged.
         assert rows(copy)["flying"]["status"] == "failure"
+
+    async def test_a_backend_that_outlived_the_process_takes_its_rollouts_back(
+        self, make_harness: MakeHarness, tmp_path: Path
+    ) -> None:
+        """A backend with the re-attach hooks is told the state URL and asked for the
+        rollouts in flight: those it takes back run on (status, cancellation, result as
+        usual); only the rest fail by the restart, with its note appended."""
+        path, copy = tmp_path / "state.db", tmp_path / "after-crash.db"
+        first = await make_harness(state=url(path))
+        tokens = {rid: await first.admit(rid) for rid in ("back", "stopped", "lost")}
+        for rid in tokens:
+            await first.backend.started(rid)
+        await stored_writes(first, 3)
+        crash_copy(path, copy)
+        old_process = first.server.process_id
+        release = asyncio.Event()
+        seen_cancel = asyncio.Event()
+
+        async def back() -> ExecutionOutcome:
+            await release.wait()
+            return ExecutionOutcome(
+                workflow=ExecutionResult(
+                    status=RolloutStatus.SUCCESS, sample=Sample(messages=[], reward=1.0)
+                )
+            )
+
+        async def stopped() -> ExecutionOutcome:
+            try:
+                await asyncio.get_running_loop().create_future()
+            finally:
+                seen_cancel.set()
+            raise AssertionError("unreachable")
+
+        class Reattaching(type(first.backend)):  # type: ignore[misc]
+            bound: str | None = None
+            asked: tuple[str, ...] = ()
+
+            def _bind_state(self, state_url: str) -> None:
+                self.bound = state_url
+
+            async def _reattach(self, on_status: Any) -> Reattached:
+                self.asked = tuple(sorted(on_status))
+                on_status["back"]("running")
+                return Reattached(
+                    running={"back": back(), "stopped": stopped()}, note="; worker 3 ended too"
+                )
+
+        backend = Reattaching()
+        second = await make_harness(backend, state=url(copy))
+        assert backend.bound == url(copy)
+        assert backend.asked == ("back", "lost", "stopped")
+        state = (await second.health()).json["state"]
+        assert (state["reattached_rollouts"], state["failed_by_restart"]) == (2, 1)
+        assert (await second.poll("back", tokens["back"])).json["status"] == "running"
+        lost = (await second.poll("lost", tokens["lost"])).json
+        assert (lost["status"], lost["err_category"], lost["err_message"]) == (
+            "failure",
+            "internal_error",
+            f"the server process {old_process} ended before the rollout finished; "
+            "worker 3 ended too",
+        )
+        await second.cancel({"ids": ["stopped"]})
+        async with asyncio.timeout(EVENT_SEC):
+            await seen_cancel.wait()
+        reply = await second.poll_until("stopped", tokens["stopped"], "cancelled")
+        assert reply.json["status"] == "cancelled"
+        release.set()
+        reply = await second.poll_until("back", tokens["back"], "success")
+        assert reply.json["sample"]["reward"] == 1.0
 
     async def test_a_second_app_on_the_same_file_fails_to_start(
         self, make_harness: MakeHarness, tmp_path: Path

@@ -239,6 +239,7 @@ class TestDispatch:
         }
         pool = body["ray"]
         assert pool["address"] == ray.get_runtime_context().gcs_address
+        assert pool["namespace"] is None  # memory: state: anonymous workers of this process
         assert (pool["workers"], pool["workers_alive"], pool["free_slots"]) == (2, 2, 4)
         pids = [entry["pid"] for entry in pool["pool"]]
         assert len(set(pids)) == 2

@@ -1,6 +1,7 @@
 """RayBackend's parts that need no Ray: what travels between the server and a worker (the
 codec derived from the attrs fields), the request the server builds from an admission,
-and the slot accounting of the worker pool."""
+the slot accounting of the worker pool, and the outcomes a worker that outlives its server
+keeps for a restarted one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from typing import Any
 import attrs
 import pytest
 
-from rollout_server import ExecutionOutcome, ExecutionRequest, ExecutionResult, Sample
+from rollout_server import (
+    AgentWorkflow,
+    AgentWorkflowOutput,
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
+    Sample,
+    WorkflowContext,
+)
 from rollout_server.execution._backend import (
     INIT_NAMES,
     REQUEST_FIELDS,
@@ -30,6 +39,7 @@ from rollout_server.ray._codec import (
 )
 from rollout_server.ray._dispatch import PoolWorker
 from rollout_server.ray._slots import WorkerSlots
+from rollout_server.ray._worker import CANCELLED, Collected, RolloutWorker, WorkerSpec
 from rollout_types import RolloutErrorCategory, RolloutInitRequest, RolloutStatus
 
 EVENT_SEC = 5.0
@@ -240,3 +250,105 @@ class TestWorkerSlots:
         unlimited = WorkerSlots(_workers(1), None, asyncio.get_running_loop())
         assert all(unlimited.take() is not None for _ in range(10))
         assert (unlimited.capacity(), unlimited.free_slots()) == (None, None)
+
+
+# -- outcomes kept by a worker that outlives its server --------------------------------
+
+RELEASES: dict[str, asyncio.Event] = {}
+STARTED: dict[str, asyncio.Event] = {}
+
+
+class ReleasedWorkflow(AgentWorkflow):
+    """Sets ``STARTED[id]``, waits for ``RELEASES[id]``, answers."""
+
+    async def run(self, ctx: WorkflowContext) -> AgentWorkflowOutput:
+        STARTED.setdefault(ctx.rollout_id, asyncio.Event()).set()
+        await RELEASES.setdefault(ctx.rollout_id, asyncio.Event()).wait()
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": "42"}])
+
+
+def _keeping_worker(tmp_path: Any, keep: int) -> RolloutWorker:
+    spec = WorkerSpec(
+        workflow=ReleasedWorkflow,
+        workflow_config=None,
+        grader=None,
+        grader_config=None,
+        artifact_root=str(tmp_path),
+    )
+    return RolloutWorker(spec, keep_outcomes=keep)
+
+
+def _payload(key: int, rollout_id: str) -> tuple[Any, ...]:
+    return encode_request(key, attrs.evolve(FULL_REQUEST, id=rollout_id), 0.0, "proc")
+
+
+async def _started(rollout_id: str) -> None:
+    async with asyncio.timeout(EVENT_SEC):
+        await STARTED.setdefault(rollout_id, asyncio.Event()).wait()
+
+
+def _status_of(reply: Any) -> RolloutStatus:
+    outcome, _times = decode_outcome(reply)
+    return RolloutStatus(outcome.workflow.status)
+
+
+class TestKeptOutcomes:
+    @pytest.fixture(autouse=True)
+    def _fresh_events(self) -> None:
+        RELEASES.clear()
+        STARTED.clear()
+
+    async def test_latest_outcomes_are_kept_until_collected(self, tmp_path: Any) -> None:
+        """A worker keeps the latest ``keep_outcomes`` outcomes by rollout id; collect()
+        and wait() answer from them for as long as they are kept."""
+        worker = _keeping_worker(tmp_path, keep=2)
+        for key, rollout_id in enumerate(("a", "b", "c"), start=1):
+            RELEASES.setdefault(rollout_id, asyncio.Event()).set()
+            reply = await asyncio.wait_for(worker.run(_payload(key, rollout_id)), EVENT_SEC)
+            assert _status_of(reply) == RolloutStatus.SUCCESS
+        collected = await worker.collect(["a", "b", "c"])
+        assert sorted(collected.finished) == ["b", "c"]
+        assert all(_status_of(r) == RolloutStatus.SUCCESS for r in collected.finished.values())
+        assert (collected.running, collected.cancelled) == ({}, 0)
+        # Still kept: a server that crashes again before storing them collects them again.
+        assert (await worker.collect(["b", "c"])).finished == collected.finished
+        assert await worker.wait(99, "b") == collected.finished["b"]
+        assert await worker.wait(99, "a") is None
+
+    async def test_a_rollout_outlives_its_cancelled_call_and_is_waited_for_again(
+        self, tmp_path: Any
+    ) -> None:
+        """The ``run`` call of a server that died is cancelled: the rollout runs on;
+        collect() reports it running (key, payload) and cancels a rollout nobody asked
+        for; wait() returns its outcome; an events() call of the old server ends empty."""
+        worker = _keeping_worker(tmp_path, keep=8)
+        kept_call = asyncio.create_task(worker.run(_payload(1, "kept")))
+        orphan_call = asyncio.create_task(worker.run(_payload(2, "orphan")))
+        await _started("kept")
+        await _started("orphan")
+        old_events = asyncio.create_task(worker.events())
+        kept_call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await kept_call
+        collected = await worker.collect(["kept", "gone"])
+        assert isinstance(collected, Collected)
+        assert collected.finished == {}
+        assert collected.cancelled == 1
+        key, payload, since, grading = collected.running["kept"]
+        assert (key, payload, grading) == (1, _payload(1, "kept"), False)
+        assert since >= 0.0
+        assert await asyncio.wait_for(orphan_call, EVENT_SEC) == CANCELLED
+        assert await asyncio.wait_for(old_events, EVENT_SEC) == []
+        waiting = asyncio.create_task(worker.wait(1, "kept"))
+        RELEASES.setdefault("kept", asyncio.Event()).set()
+        assert _status_of(await asyncio.wait_for(waiting, EVENT_SEC)) == RolloutStatus.SUCCESS
+
+    async def test_without_keeping_a_cancelled_call_stops_the_rollout(self, tmp_path: Any) -> None:
+        """keep_outcomes=0 (a worker of one server process): as before, Ray's cancellation
+        of the call stops the rollout and nothing is kept."""
+        worker = _keeping_worker(tmp_path, keep=0)
+        call = asyncio.create_task(worker.run(_payload(1, "x")))
+        await _started("x")
+        call.cancel()
+        assert await asyncio.wait_for(call, EVENT_SEC) == CANCELLED
+        assert (await worker.collect(["x"])).finished == {}

@@ -43,6 +43,7 @@ from rollout_types import (
 from .._logtext import get_logger
 from .._sanitize import fit_json
 from ..execution._backend import ExecutionBackend, admission_mode_of, request_from_init
+from ..execution._reattach import reattacher_of
 from ..execution._turns import ModelRouter
 from ..observability._observer import NO_OBSERVER, ExecutionObserver
 from ..observability._tracing import ServerTracing
@@ -243,7 +244,17 @@ class RolloutServer:
                 another server, read-only or of a newer schema (``rollout-server serve``
                 exits 2 with the message).
         """
-        self.recovery = await recover(self.registry, self._store, process_id=self.process_id)
+        reattacher = reattacher_of(self.backend)
+        if reattacher is not None:
+            reattacher._bind_state(self.state)
+        try:
+            self.recovery = await recover(
+                self.registry, self._store, process_id=self.process_id, reattacher=reattacher
+            )
+        except BaseException:
+            if reattacher is not None:
+                await self.close()  # the backend's start failed: release the state store
+            raise
 
     # -- admission ------------------------------------------------------------------------
 

@@ -21,16 +21,26 @@ and, without an acknowledgement within ``cancel_grace_sec``, the worker is kille
 replaced; a worker that dies fails each of its rollouts as ``internal_error`` with the
 cause. Ray never re-runs a rollout: a caller retries with a new id.
 
+On durable state (the server tells the backend its state URL before it starts) with a Ray
+cluster the backend joins, the workers outlive the server process: named, detached actors
+in :func:`state_namespace`'s namespace that keep their latest outcomes
+(:func:`kept_outcomes`). A server restarted on the same state re-attaches
+(:meth:`RayBackend._reattach`, called by the server's recovery): it takes the workers over,
+collects what finished while it was down and waits again for what still runs. A graceful
+shutdown kills them as before; with ``memory:`` state or a local cluster the backend starts
+itself, the workers are anonymous actors of the server process.
+
 Importing this module does not import Ray; :meth:`RayBackend.startup` does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from rollout_types import RolloutErrorCategory, RolloutStatus
@@ -41,10 +51,11 @@ from ..execution._context import current_rollout_context
 from ..execution._grader import Grader, GraderConfig
 from ..execution._local_backend import LocalBackend
 from ..execution._phases import Phase, RolloutRun, timed_out
+from ..execution._reattach import Reattached
 from ..execution._slot_backend import SlotBackend
 from ..execution._workflow import AgentWorkflow, AgentWorkflowConfig
 from ._codec import decode_outcome
-from ._dispatch import PoolWorker, RolloutLostError, ServerDeadlineError
+from ._dispatch import Dispatch, PoolWorker, RolloutLostError, ServerDeadlineError
 from ._pool import WorkerPool
 from ._worker import CANCELLED, RolloutWorker, WorkerSpec
 
@@ -76,6 +87,30 @@ rollout and fills the dashboard's task table with one entry per rollout)."""
 LOOPBACK_ENV: Final = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Set to ``0`` (unless set already) before RayBackend imports Ray to start a local cluster
 itself: every Ray process then binds to 127.0.0.1 only (Ray reads it when imported)."""
+
+KEPT_OUTCOMES_PER_SLOT: Final = 4
+KEPT_OUTCOMES_MIN: Final = 64
+KEPT_OUTCOMES_UNLIMITED: Final = 1024
+"""How many outcomes each named worker keeps for a restarted server (see
+:func:`kept_outcomes`)."""
+
+NAMESPACE_PREFIX: Final = "rollout-server-"
+
+
+def kept_outcomes(slots: int | None) -> int:
+    """How many outcomes a named worker with ``slots`` slots keeps for a restarted server:
+    4 per slot, at least 64; 1024 without a slot limit."""
+    if slots is None:
+        return KEPT_OUTCOMES_UNLIMITED
+    return max(KEPT_OUTCOMES_MIN, KEPT_OUTCOMES_PER_SLOT * slots)
+
+
+def state_namespace(state_url: str) -> str:
+    """The Ray namespace of the named workers of a server on ``state_url``:
+    ``rollout-server-`` and 16 hex digits of the URL's SHA-256 (the URL names the state
+    file by its absolute path)."""
+    return NAMESPACE_PREFIX + hashlib.sha256(state_url.encode()).hexdigest()[:16]
+
 
 INSTALL_HINT: Final = "RayBackend needs Ray: pip install 'rollout-server[ray]'"
 
@@ -127,7 +162,10 @@ class RayBackend(SlotBackend[PoolWorker]):
             ``max_restarts``, ``max_task_retries``, ``max_concurrency`` and
             ``concurrency_groups`` itself.
         address: The Ray cluster to join; default ``$RAY_ADDRESS``, else a new local
-            cluster (bound to 127.0.0.1). Ignored when Ray is initialised already.
+            cluster (bound to 127.0.0.1). Ignored when Ray is initialised already. A
+            cluster the backend joins outlives the server: on durable state its workers
+            are then named and detached, and a restarted server re-attaches to them
+            (the README's "Workers that outlive the server").
         init_options: Further keyword arguments of ``ray.init()`` (such as ``num_cpus``
             or ``runtime_env``), used only when this backend initialises Ray.
         artifact_root: Directory on each worker's node under which rollout files go;
@@ -218,6 +256,7 @@ class RayBackend(SlotBackend[PoolWorker]):
         self._owns_ray = False
         self._address_used: str | None = None
         self._cluster_address: str | None = None
+        self._state_namespace: str | None = None
 
     # -- properties -------------------------------------------------------------------
 
@@ -268,6 +307,9 @@ class RayBackend(SlotBackend[PoolWorker]):
             self._owns_ray = True
             self._address_used = address
         self._cluster_address = ray.get_runtime_context().gcs_address
+        # Named, detached workers only when both outlive this process: the state, and a
+        # cluster this backend joins (a local cluster it starts ends with it).
+        namespace = self._state_namespace if address != "local" else None
         pool = WorkerPool(
             remote_class=ray.remote(RolloutWorker),
             spec=self._spec,
@@ -277,6 +319,8 @@ class RayBackend(SlotBackend[PoolWorker]):
             start_timeout_sec=self._start_timeout_sec,
             cancel_grace_sec=self._cancel_grace_sec,
             deadline_grace_sec=self._deadline_grace_sec,
+            namespace=namespace,
+            keep_outcomes=kept_outcomes(self._slots),
         )
         try:
             await pool.start()
@@ -288,12 +332,71 @@ class RayBackend(SlotBackend[PoolWorker]):
             ) from exc.__cause__
         self._pool = pool
         logger.info(
-            "RayBackend started %d worker(s) x %s slot(s) on the Ray cluster at %s",
+            "RayBackend started %d worker(s) x %s slot(s) on the Ray cluster at %s%s",
             self._num_workers,
             "unlimited" if self._slots is None else self._slots,
             self._cluster_address,
+            ""
+            if namespace is None
+            else f" (named, detached workers in the Ray namespace {namespace}: a crash leaves "
+            "them for the next start on the same state; a SIGTERM stops them)",
         )
         return pool
+
+    def _bind_state(self, state_url: str) -> None:
+        """The server's state URL, before the backend starts: on durable state
+        (``sqlite:``), workers are named and detached in :func:`state_namespace` when the
+        Ray cluster is one this backend joins (so it outlives the server process)."""
+        self._state_namespace = None if state_url == "memory:" else state_namespace(state_url)
+
+    async def _reattach(
+        self, on_status: Mapping[str, Callable[[RolloutStatus], None]]
+    ) -> Reattached:
+        """Start the pool, and take back the rollouts of ``on_status`` that named workers
+        of a previous server process on the same state finished or still run."""
+        await self.startup()
+        pool = self._pool
+        assert pool is not None
+        if pool.namespace is None:
+            return Reattached(running={})
+        finished, running = await pool.reattach(on_status)
+        held_from = time.monotonic()
+        coroutines: dict[str, Coroutine[Any, Any, ExecutionOutcome]] = {
+            rollout_id: self._collected(reply) for rollout_id, reply in finished.items()
+        }
+        for rollout_id, dispatch in running.items():
+            coroutines[rollout_id] = self._outcome(pool, dispatch, held_from)
+        causes = []
+        if pool.gone:
+            which = ", ".join(str(index) for index in pool.gone)
+            causes.append(f"Ray worker(s) {which} of the pool ended while it was down")
+        if pool.retired:
+            causes.append(
+                f"{pool.retired} Ray worker(s) beyond num_workers={self._num_workers} were "
+                "stopped at the restart"
+            )
+        note = f"; {' and '.join(causes)}, and no live worker holds the rollout" if causes else None
+        logger.info(
+            "RayBackend re-attached to %d worker(s) of the previous server process: %d "
+            "rollout(s) finished meanwhile, %d still running%s",
+            self._num_workers - len(pool.gone),
+            len(finished),
+            len(running),
+            f"; worker(s) {', '.join(map(str, pool.gone))} were gone and are replaced"
+            if pool.gone
+            else "",
+        )
+        return Reattached(running=coroutines, note=note)
+
+    @staticmethod
+    async def _collected(reply: Any) -> ExecutionOutcome:
+        """The outcome of a rollout that finished on its worker while no server waited."""
+        if reply == CANCELLED:
+            return ExecutionOutcome(
+                workflow=ExecutionResult(status=RolloutStatus.CANCELLED, err_message="cancelled")
+            )
+        outcome, _times = decode_outcome(reply)
+        return outcome
 
     def _describe_options(self) -> str:
         shown = {k: v for k, v in self._actor_options.items() if k not in RESERVED_OPTIONS}
@@ -359,6 +462,7 @@ class RayBackend(SlotBackend[PoolWorker]):
         slots = self._slots
         ray_fields: dict[str, Any] = {
             "address": self._cluster_address,
+            "namespace": None if pool is None else pool.namespace,
             "workers": self._num_workers,
             "workers_alive": 0 if pool is None else pool.slots.alive,
             "slots_per_worker": slots,
@@ -425,6 +529,14 @@ class RayBackend(SlotBackend[PoolWorker]):
             + self._deadline_grace_sec
         )
         dispatch = pool.dispatch(worker, request, held_from - run.entered, process_id, deadline)
+        return await self._outcome(pool, dispatch, held_from)
+
+    async def _outcome(
+        self, pool: WorkerPool, dispatch: Dispatch, held_from: float
+    ) -> ExecutionOutcome:
+        """Wait for ``dispatch``'s reply (its slot held since ``held_from``) and make it
+        the outcome; a cancellation is forwarded to the worker."""
+        request = dispatch.request
         try:
             reply = await dispatch.future
         except asyncio.CancelledError:

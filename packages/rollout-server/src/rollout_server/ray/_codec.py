@@ -40,6 +40,7 @@ __all__ = [
     "decode_request",
     "encode_outcome",
     "encode_request",
+    "payload_rollout_id",
 ]
 
 T = TypeVar("T", bound=attrs.AttrsInstance)
@@ -87,6 +88,15 @@ def encode_request(
     under its dispatch ``key``: ``(key, request fields, elapsed_sec, process_id)``. One
     argument: Ray serializes each argument of a call on its own."""
     return (key, _REQUEST.encode(request), elapsed_sec, process_id)
+
+
+_ID_AT: Final = REQUEST_FIELDS.index("id")
+
+
+def payload_rollout_id(payload: tuple[Any, ...]) -> str:
+    """The rollout id of an :func:`encode_request` payload (without decoding the rest)."""
+    rollout_id: str = payload[1][_ID_AT]
+    return rollout_id
 
 
 def decode_request(

@@ -92,6 +92,9 @@ class PoolWorker:
         self.held = 0
         self.inflight: dict[int, Dispatch] = {}
         self.lost: str | None = None
+        self.reattached = False
+        """Found serving when the pool started (a named worker that outlived the server
+        process before), until the pool has collected what it holds."""
 
     @property
     def serving(self) -> bool:

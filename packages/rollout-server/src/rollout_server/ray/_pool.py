@@ -20,6 +20,15 @@ with ``slots`` slots (None: no limit):
   backoff until it serves. One incarnation per actor handle (no Ray-side restarts) keeps
   the fate of every call unambiguous; Ray never re-runs a call (``max_task_retries=0``).
 
+* **Re-attach.** On durable state with a Ray cluster that outlives the server (see
+  :class:`~rollout_server.RayBackend`), the pool has a ``namespace``: its workers are
+  named, detached actors (``rollout-worker-<index>``) that keep the outcomes of their
+  rollouts (``keep_outcomes``). A pool that starts takes over the named workers it finds
+  serving, replaces those that are gone or do not answer (:attr:`WorkerPool.gone`), and
+  kills named workers beyond its size. :meth:`WorkerPool.reattach` then collects, from
+  each worker taken over, the outcomes of the rollouts the restarted server recovered,
+  and waits again for those still running (each holds its slot, with its deadline).
+
 Dispatches, deadlines and losses change the same counts and stay in this one class; what
 it keeps per worker and per rollout lives in :mod:`rollout_server.ray._dispatch`.
 """
@@ -31,14 +40,17 @@ import concurrent.futures
 import contextlib
 import functools
 import itertools
-from collections.abc import Coroutine
+import re
+import time
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from rollout_types import RolloutStatus
 
 from .._logtext import get_logger
 from ..execution._backend import ExecutionRequest
-from ._codec import encode_request
+from ..observability._observer import NO_OBSERVER
+from ._codec import decode_request, encode_request
 from ._dispatch import (
     Dispatch,
     PoolWorker,
@@ -50,14 +62,25 @@ from ._dispatch import (
     when_done,
 )
 from ._slots import WorkerSlots
-from ._worker import WorkerSpec
+from ._worker import Collected, WorkerSpec
 
-__all__ = ["WorkerPool"]
+__all__ = ["WorkerPool", "worker_name"]
 
 logger: Final = get_logger("rollout_server.ray_backend")
 
 REPLACE_DELAYS_SEC: Final = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)
 """Pauses before each attempt to start a replacement worker (the last one repeats)."""
+
+NAME_RETRY_SEC: Final = 0.2
+"""Pause before creating a named worker again while Ray still holds the name of the one it
+replaces (killed a moment ago)."""
+
+WORKER_NAME: Final = re.compile(r"rollout-worker-(\d+)")
+
+
+def worker_name(index: int) -> str:
+    """The actor name of the named worker at position ``index``: ``rollout-worker-<index>``."""
+    return f"rollout-worker-{index}"
 
 
 class WorkerPool:
@@ -72,6 +95,14 @@ class WorkerPool:
         start_timeout_sec: Bound on one worker's start (its ``ready()`` answer).
         cancel_grace_sec: How long a cancelled rollout's worker has to acknowledge.
         deadline_grace_sec: How long past a rollout's deadline its worker has to report.
+        namespace: The Ray namespace of named, detached workers that outlive the server
+            process (module docstring), or None (anonymous workers of this process).
+        keep_outcomes: How many outcomes each named worker keeps for a restarted server.
+
+    Attributes:
+        gone: Positions whose named worker was gone (or did not answer) when the pool
+            started; their rollouts ended with the worker.
+        retired: Named workers beyond the pool's size that the start killed.
     """
 
     def __init__(
@@ -85,8 +116,14 @@ class WorkerPool:
         start_timeout_sec: float,
         cancel_grace_sec: float,
         deadline_grace_sec: float,
+        namespace: str | None = None,
+        keep_outcomes: int = 0,
     ) -> None:
         self._remote_class = remote_class
+        self.namespace = namespace
+        self._keep = keep_outcomes if namespace is not None else 0
+        self.gone: list[int] = []
+        self.retired = 0
         self._spec = spec
         self.size = size
         self._options = actor_options
@@ -96,7 +133,8 @@ class WorkerPool:
         self._loop = asyncio.get_running_loop()
         self.workers: list[PoolWorker | None] = [None] * size
         self.slots = WorkerSlots(self.workers, slots, self._loop)
-        self._keys = itertools.count(1)
+        # Keys unique across the server processes that share named workers.
+        self._keys = itertools.count(time.time_ns())
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self.replacements = 0
@@ -110,8 +148,12 @@ class WorkerPool:
         Raises:
             RuntimeError: When a worker cannot start (the cause is in the message).
         """
+        adopt = self.namespace is not None
+        if adopt:
+            self._retire_extra_workers()
         results = await asyncio.gather(
-            *(self._start_worker(index) for index in range(self.size)), return_exceptions=True
+            *(self._start_worker(index, adopt=adopt) for index in range(self.size)),
+            return_exceptions=True,
         )
         errors = [result for result in results if isinstance(result, BaseException)]
         if errors:
@@ -120,8 +162,25 @@ class WorkerPool:
                 f"RayBackend could not start its workers: {describe_ray_error(errors[0])}"
             ) from errors[0]
 
-    async def _start_worker(self, index: int) -> PoolWorker:
-        handle = self._remote_class.options(**self._options).remote(self._spec)
+    def _retire_extra_workers(self) -> None:
+        """Kill the named workers of this namespace beyond the pool's size."""
+        import ray
+
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            match = WORKER_NAME.fullmatch(str(entry.get("name", "")))
+            if entry.get("namespace") != self.namespace or match is None:
+                continue
+            if int(match.group(1)) >= self.size:
+                with contextlib.suppress(Exception):
+                    self._kill(ray.get_actor(entry["name"], namespace=self.namespace))
+                    self.retired += 1
+
+    async def _start_worker(self, index: int, *, adopt: bool = False) -> PoolWorker:
+        if adopt:
+            found = await self._take_over(index)
+            if found is not None:
+                return found
+        handle = await self._create(index)
         worker = PoolWorker(index, handle)
         try:
             async with asyncio.timeout(self._start_timeout_sec):
@@ -129,11 +188,69 @@ class WorkerPool:
         except BaseException:
             self._kill(handle)
             raise
+        return self._serve(worker)
+
+    async def _create(self, index: int) -> Any:
+        """A new worker actor at ``index`` (named and detached with a namespace)."""
+        if self.namespace is None:
+            return self._remote_class.options(**self._options).remote(self._spec)
+        options = {
+            **self._options,
+            "name": worker_name(index),
+            "namespace": self.namespace,
+            "lifetime": "detached",
+        }
+        async with asyncio.timeout(self._start_timeout_sec):
+            while True:
+                try:
+                    return self._remote_class.options(**options).remote(self._spec, self._keep)
+                except ValueError:  # the name is still taken by the worker just killed
+                    await asyncio.sleep(NAME_RETRY_SEC)
+
+    async def _take_over(self, index: int) -> PoolWorker | None:
+        """The named worker at ``index`` if it serves (it outlived the previous server
+        process), else None (noted in :attr:`gone`; one that does not answer is killed)."""
+        import ray
+
+        try:
+            handle = ray.get_actor(worker_name(index), namespace=self.namespace)
+        except ValueError:
+            self.gone.append(index)
+            return None
+        worker = PoolWorker(index, handle)
+        try:
+            async with asyncio.timeout(self._start_timeout_sec):
+                worker.info = await handle.ready.remote()
+        except Exception as exc:  # noqa: BLE001 - any failure: the worker is replaced
+            logger.warning(
+                "Ray worker %d of the previous server process does not answer (%s); replacing it",
+                index,
+                describe_ray_error(exc),
+            )
+            self._kill(handle)
+            self.gone.append(index)
+            return None
+        worker.reattached = True
+        logger.info("Ray %s outlived the previous server process: re-attached", worker.label)
+        if worker.info.get("spec") != self._spec.fingerprint():
+            logger.warning(
+                "Ray %s was started with another workflow, grader, config or artifact root "
+                "than this server's (%s, not %s); it is re-attached to finish its rollouts and "
+                "keeps serving with what it was started with: stop the server with SIGTERM "
+                "(which stops the workers) to start them anew",
+                worker.label,
+                worker.info.get("spec"),
+                self._spec.fingerprint(),
+            )
+        return self._serve(worker)
+
+    def _serve(self, worker: PoolWorker) -> PoolWorker:
+        handle = worker.handle
         if self._closed:
             self._kill(handle)
             raise RuntimeError("the pool closed while the worker started")
         worker.ready = True
-        self.workers[index] = worker
+        self.workers[worker.index] = worker
         self._poll_events(worker)
         logger.info(
             "Ray %s serves %s slot(s)",
@@ -221,6 +338,94 @@ class WorkerPool:
             dispatch.timer = self._loop.call_at(deadline, self._expire, dispatch)
         return dispatch
 
+    async def reattach(
+        self, on_status: Mapping[str, Callable[[RolloutStatus], None]]
+    ) -> tuple[dict[str, Any], dict[str, Dispatch]]:
+        """Collect, from every worker taken over at the start, what it holds of the
+        rollouts of ``on_status`` (by id, each with its status sink): the replies of those
+        that finished, and a dispatch for each still running (it holds its worker's slot,
+        and its deadline runs). Other rollouts still running there are cancelled (no
+        server waits for them).
+
+        Returns:
+            ``(finished, running)``: ``run`` replies and dispatches, by rollout id.
+        """
+        workers = [w for w in self.workers if w is not None and w.serving and w.reattached]
+        ids = list(on_status)
+        answers = await asyncio.gather(
+            *(asyncio.wrap_future(w.handle.collect.remote(ids).future()) for w in workers),
+            return_exceptions=True,
+        )
+        finished: dict[str, Any] = {}
+        running: dict[str, Dispatch] = {}
+        for worker, answer in zip(workers, answers, strict=True):
+            worker.reattached = False
+            if not isinstance(answer, Collected):
+                cause = (
+                    describe_ray_error(answer)
+                    if isinstance(answer, BaseException)
+                    else f"collect() answered {type(answer).__name__}"
+                )
+                self._lose(worker, cause)
+                continue
+            if answer.cancelled:
+                logger.warning(
+                    "Ray %s ran %d rollout(s) the restarted server does not wait for "
+                    "(published or forgotten meanwhile): cancelled",
+                    worker.label,
+                    answer.cancelled,
+                )
+            finished.update(answer.finished)
+            for rollout_id, (key, payload, since, grading) in answer.running.items():
+                running[rollout_id] = self._rewait(
+                    worker, key, payload, since, grading, on_status[rollout_id]
+                )
+        return finished, running
+
+    def _rewait(  # noqa: PLR0917 - one running rollout as a worker described it
+        self,
+        worker: PoolWorker,
+        key: int,
+        payload: tuple[Any, ...],
+        since: float,
+        grading: bool,
+        on_status: Callable[[RolloutStatus], None],
+    ) -> Dispatch:
+        """A dispatch for a rollout ``worker`` runs already (received ``since`` seconds
+        ago), waiting on its ``wait`` call, with what is left of its deadline."""
+        now = time.monotonic()
+        request, _process_id = decode_request(
+            payload, lambda elapsed: now - since - max(0.0, elapsed), on_status, NO_OBSERVER
+        )
+        grader_timeout = request.grader_timeout_sec
+        dispatch = Dispatch(
+            key,
+            request,
+            worker,
+            self._loop.create_future(),
+            None if grader_timeout is None else max(0.0, grader_timeout) + self.deadline_grace_sec,
+        )
+        worker.held += 1
+        worker.inflight[key] = dispatch
+        when_done(
+            self._loop,
+            worker.handle.wait.remote(key, request.id),
+            functools.partial(self._replied, dispatch),
+        )
+        if grading:
+            dispatch.grading = True
+            on_status(RolloutStatus.GRADING)
+            if dispatch.grader_budget_sec is not None:
+                dispatch.timer = self._loop.call_later(
+                    dispatch.grader_budget_sec, self._expire, dispatch
+                )
+        elif request.agent_timeout_sec is not None:
+            left = request.admitted_at + request.agent_timeout_sec - now
+            dispatch.timer = self._loop.call_later(
+                max(0.0, left) + self.deadline_grace_sec, self._expire, dispatch
+            )
+        return dispatch
+
     def _replied(self, dispatch: Dispatch, call: concurrent.futures.Future[Any]) -> None:
         if call.cancelled():
             self._end(dispatch)
@@ -242,8 +447,17 @@ class WorkerPool:
             )
             return
         self._end(dispatch)
-        if not dispatch.future.done():
-            dispatch.future.set_result(call.result())
+        reply = call.result()
+        if reply is None:  # wait(): the worker holds no such rollout (any more)
+            self._fail(
+                dispatch,
+                RolloutLostError(
+                    f"Ray {dispatch.worker.label} no longer holds this rollout's outcome "
+                    "(it kept it too long for the restarted server)"
+                ),
+            )
+        elif not dispatch.future.done():
+            dispatch.future.set_result(reply)
 
     @staticmethod
     def _fail(dispatch: Dispatch, error: Exception) -> None:

@@ -23,6 +23,17 @@ The server talks to the actor through five methods:
 * :meth:`RolloutWorker.ready` says which process and node the actor runs in;
 * :meth:`RolloutWorker.shutdown` waits (bounded) for trajectory writes still in flight.
 
+A worker that outlives the server process (a named, detached actor of a pool on durable
+state; :mod:`rollout_server.ray._pool`) is built with ``keep_outcomes > 0``. Each rollout
+then runs in a task of its own, which a ``run`` call whose caller died leaves running, and
+every outcome is kept (the latest ``keep_outcomes``, each for at most
+:data:`KEPT_OUTCOME_SEC`) by rollout id, so a restarted server collects it:
+
+* :meth:`RolloutWorker.collect` answers which of the rollouts a restarted server asks for
+  have finished (their outcomes) and which still run (their request and dispatch key);
+  every other rollout still running is one no server waits for any more: it is cancelled;
+* :meth:`RolloutWorker.wait` is ``run``'s wait for a rollout that runs already.
+
 Requests and outcomes travel as tuples of plain values (:mod:`rollout_server.ray._codec`).
 
 This module does not import Ray: the backend wraps the class with ``ray.remote`` when it
@@ -32,6 +43,8 @@ starts, so importing ``rollout_server`` never needs Ray.
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import os
 import socket
 import time
@@ -45,9 +58,16 @@ from ..execution._backend import ExecutionOutcome, ExecutionResult
 from ..execution._categorize import categorize_exception
 from ..execution._context import RolloutContext, bind_rollout_context
 from ..execution._local_backend import LocalBackend
-from ._codec import PhaseTimes, decode_request, encode_outcome
+from ._codec import PhaseTimes, decode_request, encode_outcome, payload_rollout_id
 
-__all__ = ["CANCELLED", "GRADING_REPORT_DELAY_SEC", "RolloutWorker", "WorkerSpec"]
+__all__ = [
+    "CANCELLED",
+    "GRADING_REPORT_DELAY_SEC",
+    "KEPT_OUTCOME_SEC",
+    "Collected",
+    "RolloutWorker",
+    "WorkerSpec",
+]
 
 CANCELLED: Final = "cancelled"
 """What :meth:`RolloutWorker.run` returns for a rollout that a cancellation stopped."""
@@ -55,6 +75,10 @@ CANCELLED: Final = "cancelled"
 EVENTS_WAIT_SEC: Final = 30.0
 """Longest :meth:`RolloutWorker.events` waits for a report before answering without one
 (the server then asks again)."""
+
+KEPT_OUTCOME_SEC: Final = 3600.0
+"""Longest a worker that keeps outcomes (``keep_outcomes > 0``) keeps one for a restarted
+server to collect (seconds)."""
 
 GRADING_REPORT_DELAY_SEC: Final = 0.05
 """How long a ``grading`` report waits in the worker before it is sent (seconds): a
@@ -76,6 +100,19 @@ class WorkerSpec:
     grader_config: Any
     artifact_root: str | None
 
+    def fingerprint(self) -> str:
+        """What the workers of two server processes compare: the workflow and grader (by
+        import path), their configs and the artifact root, as one line of text."""
+        return repr(
+            (
+                _named(self.workflow),
+                self.workflow_config,
+                _named(self.grader),
+                self.grader_config,
+                self.artifact_root,
+            )
+        )
+
     def build(self) -> LocalBackend:
         """The worker's LocalBackend (``artifact_root`` None: the worker's own default)."""
         return LocalBackend(
@@ -85,6 +122,12 @@ class WorkerSpec:
             grader_config=self.grader_config,
             artifact_root=self.artifact_root,
         )
+
+
+def _named(value: Any) -> Any:
+    if isinstance(value, type):
+        return f"{value.__module__}:{value.__qualname__}"
+    return value
 
 
 # -- the actor -------------------------------------------------------------------------
@@ -105,24 +148,53 @@ class _Reporter:
             self._worker._report_grading(self._key)
 
 
+@attrs.frozen(kw_only=True)
+class Collected:
+    """What :meth:`RolloutWorker.collect` answers.
+
+    Attributes:
+        finished: The outcome (``run``'s reply) of each asked-for rollout that has finished.
+        running: Per asked-for rollout still running: its dispatch key, its ``run``
+            payload, the seconds since the worker received it, and whether it grades.
+        cancelled: How many rollouts nobody asked for were still running (now cancelled).
+    """
+
+    finished: dict[str, Any]
+    running: dict[str, tuple[int, tuple[Any, ...], float, bool]]
+    cancelled: int
+
+
 class RolloutWorker:
     """A Ray actor that executes rollouts with a :class:`LocalBackend` (module docstring).
 
     Args:
         spec: The arguments of its LocalBackend.
+        keep_outcomes: How many outcomes to keep for a restarted server to collect (each
+            rollout then runs in a task of its own); default 0 (none: a worker that does
+            not outlive its server).
     """
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, keep_outcomes: int = 0) -> None:
         self._backend = spec.build()
+        self._fingerprint = spec.fingerprint()
         self._tasks: dict[int, asyncio.Task[Any] | None] = {}
         self._cancelled_early: set[int] = set()
         self._grading: list[int] = []
         self._reported: list[int] = []
         self._changed: asyncio.Event | None = None
         self._flush: asyncio.TimerHandle | None = None
+        self._keep = keep_outcomes
+        # With keep_outcomes: the rollouts running (key -> payload, receipt, task), by id,
+        # which of them grade, and the kept outcomes (id -> (monotonic stamp, reply)).
+        self._live: dict[int, tuple[tuple[Any, ...], float, asyncio.Task[Any]]] = {}
+        self._live_ids: dict[str, int] = {}
+        self._grades: set[int] = set()
+        self._kept: collections.OrderedDict[str, tuple[float, Any]] = collections.OrderedDict()
+        self._generation = 0
 
     async def ready(self) -> dict[str, Any]:
-        """Where this worker runs: ``{"pid", "node_id", "node_ip", "host"}``."""
+        """Where this worker runs and what it was built from: ``{"pid", "node_id",
+        "node_ip", "host", "spec"}`` (``spec``: :meth:`WorkerSpec.fingerprint`)."""
         import ray
 
         context = ray.get_runtime_context()
@@ -131,6 +203,7 @@ class RolloutWorker:
             "node_id": context.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
             "host": socket.gethostname(),
+            "spec": self._fingerprint,
         }
 
     async def run(self, payload: tuple[Any, ...]) -> tuple[Any, ...] | str:
@@ -140,12 +213,80 @@ class RolloutWorker:
 
         Args:
             payload: ``encode_request()``'s tuple; its first item is the dispatch key
-                (unique per pool), by which reports and cancellations name the rollout.
+                (unique per pool, and across the pool's server processes), by which
+                reports and cancellations name the rollout.
         """
         key: int = payload[0]
         if key in self._cancelled_early:
             self._cancelled_early.discard(key)
             return CANCELLED
+        if not self._keep:
+            return await self._run(key, payload)
+        rollout_id = payload_rollout_id(payload)
+        task = asyncio.ensure_future(self._run(key, payload))
+        self._tasks[key] = task  # cancel() reaches it before its first step, too
+        self._live[key] = (payload, time.monotonic(), task)
+        self._live_ids[rollout_id] = key
+        task.add_done_callback(functools.partial(self._ended, key, rollout_id))
+        # A cancelled call (its caller, a server process, died) leaves the rollout running.
+        reply: tuple[Any, ...] | str = await asyncio.shield(task)
+        return reply
+
+    async def wait(self, key: int, rollout_id: str) -> tuple[Any, ...] | str | None:
+        """``run``'s reply for a rollout that runs already (or has just finished): what a
+        restarted server waits on; None when this worker holds no such rollout."""
+        live = self._live.get(key)
+        if live is not None:
+            reply: tuple[Any, ...] | str = await asyncio.shield(live[2])
+            return reply
+        kept = self._kept.get(rollout_id)
+        return None if kept is None else kept[1]
+
+    async def collect(self, rollout_ids: list[str]) -> Collected:
+        """What a restarted server asks for (module docstring): the outcomes of
+        ``rollout_ids`` that finished (still kept, within the bounds), those still running,
+        and every other running rollout cancelled. Answers the previous server's ``events``
+        call."""
+        self._generation += 1
+        if self._changed is not None:
+            self._changed.set()
+        self._trim()
+        asked = set(rollout_ids)
+        # Kept, not handed over once: a server that crashes again before it has stored
+        # them collects them again at its next start.
+        finished = {rid: self._kept[rid][1] for rid in rollout_ids if rid in self._kept}
+        running: dict[str, tuple[int, tuple[Any, ...], float, bool]] = {}
+        now = time.monotonic()
+        orphans: list[int] = []
+        for rollout_id, key in self._live_ids.items():
+            if rollout_id in asked:
+                payload, received, _task = self._live[key]
+                running[rollout_id] = (key, payload, now - received, key in self._grades)
+            else:
+                orphans.append(key)
+        await self.cancel(orphans)
+        return Collected(finished=finished, running=running, cancelled=len(orphans))
+
+    def _ended(self, key: int, rollout_id: str, task: asyncio.Task[Any]) -> None:
+        self._live.pop(key, None)
+        self._grades.discard(key)
+        if self._live_ids.get(rollout_id) == key:
+            del self._live_ids[rollout_id]
+        reply = CANCELLED if task.cancelled() or task.exception() is not None else task.result()
+        self._kept[rollout_id] = (time.monotonic(), reply)
+        self._kept.move_to_end(rollout_id)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Forget kept outcomes beyond the count and older than :data:`KEPT_OUTCOME_SEC`."""
+        kept = self._kept
+        while len(kept) > self._keep:
+            kept.popitem(last=False)
+        oldest = time.monotonic() - KEPT_OUTCOME_SEC
+        while kept and next(iter(kept.values()))[0] < oldest:
+            kept.popitem(last=False)
+
+    async def _run(self, key: int, payload: tuple[Any, ...]) -> tuple[Any, ...] | str:
         times = PhaseTimes()
         request, process_id = decode_request(
             payload,
@@ -195,8 +336,10 @@ class RolloutWorker:
         still run).
 
         Waits up to :data:`EVENTS_WAIT_SEC` for at least one (an empty list after that).
-        The server keeps one call in flight per worker.
+        The server keeps one call in flight per worker; a call of a previous server
+        process ends (empty) once a restarted server has collected (:meth:`collect`).
         """
+        generation = self._generation
         if not self._reported:
             if self._changed is None:
                 self._changed = asyncio.Event()
@@ -206,6 +349,8 @@ class RolloutWorker:
                     await self._changed.wait()
             except TimeoutError:
                 return []
+        if generation != self._generation:
+            return []
         batch, self._reported = self._reported, []
         return [key for key in batch if key in self._tasks]
 
@@ -214,6 +359,8 @@ class RolloutWorker:
         await self._backend.shutdown()
 
     def _report_grading(self, key: int) -> None:
+        if self._keep:
+            self._grades.add(key)
         self._grading.append(key)
         if self._flush is None:
             self._flush = asyncio.get_running_loop().call_later(

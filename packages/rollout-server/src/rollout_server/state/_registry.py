@@ -173,6 +173,18 @@ class RolloutRegistry(RecordTable):
         )
         return record, token
 
+    def adopt(self, record: RolloutRecord, task: asyncio.Task[Any]) -> None:
+        """Give a recovered record without a result (:meth:`restore`) the execution task
+        that waits for it again (its backend outlived the previous server process): it
+        counts as started, and its lease (fresh at the restore) runs from now on."""
+        record.task = task
+        record.started = True
+        self._tasks[task] = record
+        task.add_done_callback(self._done_callback, context=self._callback_context)
+        record._lease_timer = self._deadlines.add(
+            self.loop, record.lease_deadline, self._lease_callback, record
+        )
+
     # -- progress and publication ---------------------------------------------------------
 
     def mark_started(self, record: RolloutRecord) -> bool:
