@@ -181,7 +181,7 @@ class RolloutRegistry(RecordTable):
         record.started = True
         self._tasks[task] = record
         task.add_done_callback(self._done_callback, context=self._callback_context)
-        record._lease_timer = self._deadlines.add(
+        record.lease_timer = self._deadlines.add(
             self.loop, record.lease_deadline, self._lease_callback, record
         )
 
