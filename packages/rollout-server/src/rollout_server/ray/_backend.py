@@ -23,12 +23,11 @@ cause. Ray never re-runs a rollout: a caller retries with a new id.
 
 On durable state (the server tells the backend its state URL before it starts) with a Ray
 cluster the backend joins, the workers outlive the server process: named, detached actors
-in :func:`state_namespace`'s namespace that keep their latest outcomes
-(:func:`kept_outcomes`). A server restarted on the same state re-attaches
-(:meth:`RayBackend._reattach`, called by the server's recovery): it takes the workers over,
-collects what finished while it was down and waits again for what still runs. A graceful
-shutdown kills them as before; with ``memory:`` state or a local cluster the backend starts
-itself, the workers are anonymous actors of the server process.
+that keep their latest outcomes (:mod:`rollout_server.ray._actors`). A server restarted on
+the same state re-attaches (:meth:`RayBackend._reattach`, called by the server's recovery):
+it takes the workers over, collects what finished while it was down and waits again for
+what still runs. A graceful shutdown kills them; with ``memory:`` state or a local cluster
+the backend starts itself, the workers are anonymous actors of the server process.
 
 Importing this module does not import Ray; :meth:`RayBackend.startup` does.
 """
@@ -36,7 +35,6 @@ Importing this module does not import Ray; :meth:`RayBackend.startup` does.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 import os
 import time
@@ -54,6 +52,7 @@ from ..execution._phases import Phase, RolloutRun, timed_out
 from ..execution._reattach import Reattached
 from ..execution._slot_backend import SlotBackend
 from ..execution._workflow import AgentWorkflow, AgentWorkflowConfig
+from ._actors import actor_options, describe_options, kept_outcomes, state_namespace
 from ._codec import decode_outcome
 from ._dispatch import Dispatch, PoolWorker, RolloutLostError, ServerDeadlineError
 from ._pool import WorkerPool
@@ -67,50 +66,9 @@ DEFAULT_CANCEL_GRACE_SEC: Final = 5.0
 DEFAULT_DEADLINE_GRACE_SEC: Final = 5.0
 DEFAULT_START_TIMEOUT_SEC: Final = 120.0
 
-CONTROL_CALLS: Final = 8
-"""Actor concurrency beyond the slots: the events long poll, cancellations, pings."""
-
-UNLIMITED_CALLS: Final = 1000
-"""Actor concurrency for rollouts when the workflow config sets no slot limit (Ray's own
-default for async actors)."""
-
-RESERVED_OPTIONS: Final = frozenset(
-    {"max_restarts", "max_task_retries", "max_concurrency", "concurrency_groups", "name"}
-)
-"""Actor options the pool sets itself (see :mod:`rollout_server.ray._pool`)."""
-
-WORKER_OPTION_DEFAULTS: Final = {"num_cpus": 1, "enable_task_events": False}
-"""Actor options of each worker unless ``worker_options`` sets them: one CPU, and no Ray
-task events (a record per call in the GCS, which costs CPU there and in the server per
-rollout and fills the dashboard's task table with one entry per rollout)."""
-
 LOOPBACK_ENV: Final = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Set to ``0`` (unless set already) before RayBackend imports Ray to start a local cluster
 itself: every Ray process then binds to 127.0.0.1 only (Ray reads it when imported)."""
-
-KEPT_OUTCOMES_PER_SLOT: Final = 4
-KEPT_OUTCOMES_MIN: Final = 64
-KEPT_OUTCOMES_UNLIMITED: Final = 1024
-"""How many outcomes each named worker keeps for a restarted server (see
-:func:`kept_outcomes`)."""
-
-NAMESPACE_PREFIX: Final = "rollout-server-"
-
-
-def kept_outcomes(slots: int | None) -> int:
-    """How many outcomes a named worker with ``slots`` slots keeps for a restarted server:
-    4 per slot, at least 64; 1024 without a slot limit."""
-    if slots is None:
-        return KEPT_OUTCOMES_UNLIMITED
-    return max(KEPT_OUTCOMES_MIN, KEPT_OUTCOMES_PER_SLOT * slots)
-
-
-def state_namespace(state_url: str) -> str:
-    """The Ray namespace of the named workers of a server on ``state_url``:
-    ``rollout-server-`` and 16 hex digits of the URL's SHA-256 (the URL names the state
-    file by its absolute path)."""
-    return NAMESPACE_PREFIX + hashlib.sha256(state_url.encode()).hexdigest()[:16]
-
 
 INSTALL_HINT: Final = "RayBackend needs Ray: pip install 'rollout-server[ray]'"
 
@@ -224,21 +182,7 @@ class RayBackend(SlotBackend[PoolWorker]):
             slots=None if self._slots is None else num_workers * self._slots,
             max_queued=max_queued,
         )
-        options = dict(worker_options or {})
-        reserved = sorted(RESERVED_OPTIONS.intersection(options))
-        if reserved:
-            raise ValueError(
-                f"worker_options must not set {', '.join(reserved)}: the pool sets them itself "
-                "(one incarnation per worker, no task retries)"
-            )
-        options = {**WORKER_OPTION_DEFAULTS, **options}
-        calls = UNLIMITED_CALLS if self._slots is None else self._slots
-        options.update(
-            max_restarts=0,
-            max_task_retries=0,
-            max_concurrency=calls + CONTROL_CALLS,
-        )
-        self._actor_options = options
+        self._actor_options = actor_options(worker_options, self._slots)
         self._spec = WorkerSpec(
             workflow=workflow,
             workflow_config=workflow_config,
@@ -325,8 +269,9 @@ class RayBackend(SlotBackend[PoolWorker]):
         try:
             await pool.start()
         except RuntimeError as exc:
+            asks = describe_options(self._actor_options)
             raise RuntimeError(
-                f"{exc} (each worker asks for {self._describe_options()}; check that the "
+                f"{exc} (each worker asks for {asks}; check that the "
                 f"cluster at {self._cluster_address} has room for {self._num_workers} of them "
                 "and that every node can import the workflow and grader modules)"
             ) from exc.__cause__
@@ -397,10 +342,6 @@ class RayBackend(SlotBackend[PoolWorker]):
             )
         outcome, _times = decode_outcome(reply)
         return outcome
-
-    def _describe_options(self) -> str:
-        shown = {k: v for k, v in self._actor_options.items() if k not in RESERVED_OPTIONS}
-        return ", ".join(f"{k}={v!r}" for k, v in sorted(shown.items()))
 
     async def shutdown(self) -> None:
         """Let the workers finish their file writes (bounded), release the actors, and

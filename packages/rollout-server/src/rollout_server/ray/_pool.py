@@ -27,7 +27,7 @@ with ``slots`` slots (None: no limit):
   serving, replaces those that are gone or do not answer (:attr:`WorkerPool.gone`), and
   kills named workers beyond its size. :meth:`WorkerPool.reattach` then collects, from
   each worker taken over, the outcomes of the rollouts the restarted server recovered,
-  and waits again for those still running (each holds its slot, with its deadline).
+  and waits again for those still running (:mod:`rollout_server.ray._reattach`).
 
 Dispatches, deadlines and losses change the same counts and stay in this one class; what
 it keeps per worker and per rollout lives in :mod:`rollout_server.ray._dispatch`.
@@ -40,7 +40,6 @@ import concurrent.futures
 import contextlib
 import functools
 import itertools
-import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
@@ -49,8 +48,8 @@ from rollout_types import RolloutStatus
 
 from .._logtext import get_logger
 from ..execution._backend import ExecutionRequest
-from ..observability._observer import NO_OBSERVER
-from ._codec import decode_request, encode_request
+from ._actors import NAME_RETRY_SEC, kill_actor, worker_name
+from ._codec import encode_request
 from ._dispatch import (
     Dispatch,
     PoolWorker,
@@ -61,8 +60,9 @@ from ._dispatch import (
     lost_message,
     when_done,
 )
+from ._reattach import collect, retire_extra_workers, take_over
 from ._slots import WorkerSlots
-from ._worker import Collected, WorkerSpec
+from ._worker import WorkerSpec
 
 __all__ = ["WorkerPool", "worker_name"]
 
@@ -70,17 +70,6 @@ logger: Final = get_logger("rollout_server.ray_backend")
 
 REPLACE_DELAYS_SEC: Final = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)
 """Pauses before each attempt to start a replacement worker (the last one repeats)."""
-
-NAME_RETRY_SEC: Final = 0.2
-"""Pause before creating a named worker again while Ray still holds the name of the one it
-replaces (killed a moment ago)."""
-
-WORKER_NAME: Final = re.compile(r"rollout-worker-(\d+)")
-
-
-def worker_name(index: int) -> str:
-    """The actor name of the named worker at position ``index``: ``rollout-worker-<index>``."""
-    return f"rollout-worker-{index}"
 
 
 class WorkerPool:
@@ -148,9 +137,9 @@ class WorkerPool:
         Raises:
             RuntimeError: When a worker cannot start (the cause is in the message).
         """
-        adopt = self.namespace is not None
-        if adopt:
-            self._retire_extra_workers()
+        adopt = self.namespace
+        if adopt is not None:
+            self.retired += retire_extra_workers(adopt, self.size)
         results = await asyncio.gather(
             *(self._start_worker(index, adopt=adopt) for index in range(self.size)),
             return_exceptions=True,
@@ -162,31 +151,24 @@ class WorkerPool:
                 f"RayBackend could not start its workers: {describe_ray_error(errors[0])}"
             ) from errors[0]
 
-    def _retire_extra_workers(self) -> None:
-        """Kill the named workers of this namespace beyond the pool's size."""
-        import ray
-
-        for entry in ray.util.list_named_actors(all_namespaces=True):
-            match = WORKER_NAME.fullmatch(str(entry.get("name", "")))
-            if entry.get("namespace") != self.namespace or match is None:
-                continue
-            if int(match.group(1)) >= self.size:
-                with contextlib.suppress(Exception):
-                    self._kill(ray.get_actor(entry["name"], namespace=self.namespace))
-                    self.retired += 1
-
-    async def _start_worker(self, index: int, *, adopt: bool = False) -> PoolWorker:
-        if adopt:
-            found = await self._take_over(index)
+    async def _start_worker(self, index: int, *, adopt: str | None = None) -> PoolWorker:
+        if adopt is not None:  # the named worker of the previous server process, if it serves
+            found = await take_over(
+                index,
+                namespace=adopt,
+                start_timeout_sec=self._start_timeout_sec,
+                fingerprint=self._spec.fingerprint(),
+            )
             if found is not None:
-                return found
+                return self._serve(found)
+            self.gone.append(index)
         handle = await self._create(index)
         worker = PoolWorker(index, handle)
         try:
             async with asyncio.timeout(self._start_timeout_sec):
                 worker.info = await handle.ready.remote()
         except BaseException:
-            self._kill(handle)
+            kill_actor(handle)
             raise
         return self._serve(worker)
 
@@ -207,47 +189,10 @@ class WorkerPool:
                 except ValueError:  # the name is still taken by the worker just killed
                     await asyncio.sleep(NAME_RETRY_SEC)
 
-    async def _take_over(self, index: int) -> PoolWorker | None:
-        """The named worker at ``index`` if it serves (it outlived the previous server
-        process), else None (noted in :attr:`gone`; one that does not answer is killed)."""
-        import ray
-
-        try:
-            handle = ray.get_actor(worker_name(index), namespace=self.namespace)
-        except ValueError:
-            self.gone.append(index)
-            return None
-        worker = PoolWorker(index, handle)
-        try:
-            async with asyncio.timeout(self._start_timeout_sec):
-                worker.info = await handle.ready.remote()
-        except Exception as exc:  # noqa: BLE001 - any failure: the worker is replaced
-            logger.warning(
-                "Ray worker %d of the previous server process does not answer (%s); replacing it",
-                index,
-                describe_ray_error(exc),
-            )
-            self._kill(handle)
-            self.gone.append(index)
-            return None
-        worker.reattached = True
-        logger.info("Ray %s outlived the previous server process: re-attached", worker.label)
-        if worker.info.get("spec") != self._spec.fingerprint():
-            logger.warning(
-                "Ray %s was started with another workflow, grader, config or artifact root "
-                "than this server's (%s, not %s); it is re-attached to finish its rollouts and "
-                "keeps serving with what it was started with: stop the server with SIGTERM "
-                "(which stops the workers) to start them anew",
-                worker.label,
-                worker.info.get("spec"),
-                self._spec.fingerprint(),
-            )
-        return self._serve(worker)
-
     def _serve(self, worker: PoolWorker) -> PoolWorker:
         handle = worker.handle
         if self._closed:
-            self._kill(handle)
+            kill_actor(handle)
             raise RuntimeError("the pool closed while the worker started")
         worker.ready = True
         self.workers[worker.index] = worker
@@ -351,80 +296,15 @@ class WorkerPool:
             ``(finished, running)``: ``run`` replies and dispatches, by rollout id.
         """
         workers = [w for w in self.workers if w is not None and w.serving and w.reattached]
-        ids = list(on_status)
-        answers = await asyncio.gather(
-            *(asyncio.wrap_future(w.handle.collect.remote(ids).future()) for w in workers),
-            return_exceptions=True,
+        return await collect(
+            workers,
+            on_status,
+            loop=self._loop,
+            grace_sec=self.deadline_grace_sec,
+            lose=self._lose,
+            replied=self._replied,
+            expire=self._expire,
         )
-        finished: dict[str, Any] = {}
-        running: dict[str, Dispatch] = {}
-        for worker, answer in zip(workers, answers, strict=True):
-            worker.reattached = False
-            if not isinstance(answer, Collected):
-                cause = (
-                    describe_ray_error(answer)
-                    if isinstance(answer, BaseException)
-                    else f"collect() answered {type(answer).__name__}"
-                )
-                self._lose(worker, cause)
-                continue
-            if answer.cancelled:
-                logger.warning(
-                    "Ray %s ran %d rollout(s) the restarted server does not wait for "
-                    "(published or forgotten meanwhile): cancelled",
-                    worker.label,
-                    answer.cancelled,
-                )
-            finished.update(answer.finished)
-            for rollout_id, (key, payload, since, grading) in answer.running.items():
-                running[rollout_id] = self._rewait(
-                    worker, key, payload, since, grading, on_status[rollout_id]
-                )
-        return finished, running
-
-    def _rewait(  # noqa: PLR0917 - one running rollout as a worker described it
-        self,
-        worker: PoolWorker,
-        key: int,
-        payload: tuple[Any, ...],
-        since: float,
-        grading: bool,
-        on_status: Callable[[RolloutStatus], None],
-    ) -> Dispatch:
-        """A dispatch for a rollout ``worker`` runs already (received ``since`` seconds
-        ago), waiting on its ``wait`` call, with what is left of its deadline."""
-        now = time.monotonic()
-        request, _process_id = decode_request(
-            payload, lambda elapsed: now - since - max(0.0, elapsed), on_status, NO_OBSERVER
-        )
-        grader_timeout = request.grader_timeout_sec
-        dispatch = Dispatch(
-            key,
-            request,
-            worker,
-            self._loop.create_future(),
-            None if grader_timeout is None else max(0.0, grader_timeout) + self.deadline_grace_sec,
-        )
-        worker.held += 1
-        worker.inflight[key] = dispatch
-        when_done(
-            self._loop,
-            worker.handle.wait.remote(key, request.id),
-            functools.partial(self._replied, dispatch),
-        )
-        if grading:
-            dispatch.grading = True
-            on_status(RolloutStatus.GRADING)
-            if dispatch.grader_budget_sec is not None:
-                dispatch.timer = self._loop.call_later(
-                    dispatch.grader_budget_sec, self._expire, dispatch
-                )
-        elif request.agent_timeout_sec is not None:
-            left = request.admitted_at + request.agent_timeout_sec - now
-            dispatch.timer = self._loop.call_later(
-                max(0.0, left) + self.deadline_grace_sec, self._expire, dispatch
-            )
-        return dispatch
 
     def _replied(self, dispatch: Dispatch, call: concurrent.futures.Future[Any]) -> None:
         if call.cancelled():
@@ -582,7 +462,7 @@ class WorkerPool:
         for dispatch in dispatches:
             self._end(dispatch)
             self._fail(dispatch, RolloutLostError(lost_message(worker, cause)))
-        self._kill(worker.handle)
+        kill_actor(worker.handle)
         if replace and not self._closed:
             self.lost_count += 1
             logger.error(
@@ -618,10 +498,3 @@ class WorkerPool:
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
         return task
-
-    @staticmethod
-    def _kill(handle: Any) -> None:
-        import ray
-
-        with contextlib.suppress(Exception):
-            ray.kill(handle, no_restart=True)
