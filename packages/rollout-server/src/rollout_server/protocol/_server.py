@@ -26,13 +26,12 @@ import enum
 import os
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import attrs
 
 from rollout_types import (
-    PROTOCOL_VERSION,
     CancelDisposition,
     CancelRolloutsRequest,
     RolloutHealth,
@@ -41,7 +40,6 @@ from rollout_types import (
 )
 
 from .._logtext import get_logger
-from .._sanitize import fit_json
 from ..execution._backend import ExecutionBackend, admission_mode_of, request_from_init
 from ..execution._reattach import reattacher_of
 from ..execution._turns import ModelRouter
@@ -55,8 +53,9 @@ from ..state._waiting import DEFAULT_STATUS_CHANGE_GRACE_SEC
 from ._cancellation import Cancellation
 from ._capture import TurnCapture
 from ._execution import StatusSink, execution_result, start_execution
+from ._health import health_document
 from ._metrics import ServerMetrics
-from ._recovery import Recovery, health_fields, recover
+from ._recovery import Recovery, recover
 from ._settings import (
     DEFAULT_BODY_READ_TIMEOUT_SEC,
     DEFAULT_HEADER_READ_TIMEOUT_SEC,
@@ -423,29 +422,15 @@ class RolloutServer:
 
     def health(self) -> RolloutHealth:
         """The ``/health`` document: backend fields, identity, lifecycle, protocol version."""
-        fitted: Any = None
-        try:
-            fields: Any = self.backend.health()
-        except Exception as exc:
-            logger.exception("backend.health() failed")
-            fields = {"status": "error", "error": f"backend.health() raised {exc!r}"}
-        if isinstance(fields, Mapping):
-            fitted, dropped = fit_json(dict(fields), "health")
-            if dropped:
-                logger.warning("Dropped non-JSON backend health values: %s", ", ".join(dropped))
-        if not isinstance(fitted, dict):
-            logger.warning("backend.health() returned %s, not a dict", type(fields).__name__)
-            fitted = {"status": "unknown"}
-        # The server's own fields win over a backend's of the same name, as identity does.
-        fitted["state"] = health_fields(self._store, self.recovery)
-        return RolloutHealth(
+        return health_document(
+            backend=self.backend,
+            store=self._store,
+            recovery=self.recovery,
             instance_id=self.instance_id,
             process_id=self.process_id,
             lifecycle=RolloutLifecycle(
                 accepting_rollouts=self._accepting, active_rollouts=self.registry.active
             ),
-            protocol_version=PROTOCOL_VERSION,
-            backend=fitted,
         )
 
     # -- shutdown -------------------------------------------------------------------------
