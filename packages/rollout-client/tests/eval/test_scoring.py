@@ -320,13 +320,17 @@ class TestServersShuttingDown:
                 ),
                 stream=stream,
             )
-        # Row 0 went to the first server, row 1 to the second; both refused row 2.
-        assert (first.posted, second.posted) == (["0", "2"], ["1", "2"])
+        # Each server admitted one row (the first it was sent) and refused the next, the
+        # same row on both; which rows depends on the order the three workers start in.
+        assert len(first.posted) == len(second.posted) == 2
+        admitted = {first.posted[0], second.posted[0]}
+        assert len(admitted) == 2
+        assert first.posted[1] == second.posted[1]
+        assert first.posted[1] not in admitted
         assert first.cancelled == second.cancelled == []
         records = read_journal(report.run_dir / "events.jsonl")
         assert sorted((r.row_index, r.outcome) for r in records) == [
-            (0, "success"),
-            (1, "success"),
+            (int(row), "success") for row in sorted(admitted)
         ]
         assert report.summary["items"]["pending"] == 4
         assert report.exit_code == 1
