@@ -25,6 +25,7 @@ from packaging.version import Version
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
 
 # tools/ is put on sys.path just above: the table is a plain module the tests import too.
+from ci_sessions import CI_COMPUTE_SESSIONS, CI_WAITING_SESSIONS
 from compatibility import (
     PACKAGES,
     ROOT,
@@ -116,21 +117,7 @@ if hasattr(nox.options, "download_python"):
     # UV_PYTHON_DOWNLOADS=never above refuses with a hint about uv's own settings: say
     # "not found" instead (the warning above says how to install it).
     nox.options.download_python = "never"
-nox.options.sessions = [
-    "lint",
-    "typecheck",
-    "dist",
-    "tests_types",
-    "tests_client",
-    "tests_server",
-    "integration",
-    "interop",
-    "ray",
-    "report_browser",
-    "floors",
-    "docs",
-    "soak_short",
-]
+nox.options.sessions = [*CI_COMPUTE_SESSIONS, *CI_WAITING_SESSIONS]
 
 
 def _source_digest(package_dir: Path) -> str:
@@ -153,15 +140,19 @@ def build_wheel(session: nox.Session, name: str) -> Path:
     wheels = sorted(out.glob("*.whl"))
     if wheels:
         return wheels[-1]
-    tmp = out.with_suffix(".tmp")
+    # A folder of this process's own, renamed into place: ``run.py test`` runs two nox
+    # processes at once, and the first to finish a wheel wins (the other's copy goes).
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     session.install("hatchling>=1.24")
     with session.chdir(package_dir):
         session.run(
             "python", "-m", "hatchling", "build", "-t", "wheel", "-d", str(tmp), silent=True
         )
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process put the same wheel there first
+        shutil.rmtree(tmp, ignore_errors=True)
     return sorted(out.glob("*.whl"))[-1]
 
 
@@ -275,6 +266,7 @@ def typecheck(session: nox.Session) -> None:
         "tests/typing",
         "tools/compatibility.py",
         "tools/interpreters.py",
+        "tools/ci_sessions.py",
         "tools/devprocs.py",
         "tools/demo.py",
         "tools/public_surface.py",

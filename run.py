@@ -5,7 +5,10 @@ Needs only Python 3.11+ with pip and venv. It creates ``.venv-run/`` (once) hold
 and uv, then runs nox:
 
 * ``demo``: the main job on its embedded defaults (``nox -s demo``);
-* ``test``: every CI check (``nox`` with its default sessions);
+* ``test``: every CI check (``nox`` with its default sessions), as two nox processes at once:
+  the sessions that mostly compute, and those that mostly wait on servers, a Ray cluster
+  and a browser (``tools/ci_sessions.py``; ``ROLLOUT_CI_SERIAL=1`` runs them one after the
+  other); the waiting group's output follows the other's;
 * anything else is passed to nox as is, e.g. ``python3 run.py -s compat``.
 
 A session whose Python (3.11, 3.12 or 3.13) is missing is skipped (on CI, where ``CI`` is
@@ -28,6 +31,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 # tools/ is put on sys.path just above: standard library only, importable before nox is.
+from ci_sessions import CI_COMPUTE_SESSIONS, CI_WAITING_SESSIONS  # noqa: E402
 from interpreters import missing_report, sessions_missing_interpreters  # noqa: E402
 
 VENV = ROOT / ".venv-run"
@@ -78,11 +82,58 @@ def main(argv: list[str]) -> int:
     else:
         nox_args = argv
     with tempfile.TemporaryDirectory(prefix="run-py-") as tmp:
+        if command == "test" and not rest and not os.environ.get("ROLLOUT_CI_SERIAL"):
+            return _test_in_two_groups(Path(tmp))
         args, report = with_report(nox_args, Path(tmp) / "nox-report.json")
-        status = subprocess.call(
-            [str(_python()), "-m", "nox", "-f", str(ROOT / "noxfile.py"), *args], cwd=ROOT
-        )
+        status = subprocess.call(_nox(args), cwd=ROOT)
         return closing_status(status, report, ci="CI" in os.environ, err=sys.stderr)
+
+
+def _nox(args: list[str]) -> list[str]:
+    return [str(_python()), "-m", "nox", "-f", str(ROOT / "noxfile.py"), *args]
+
+
+def _test_in_two_groups(tmp: Path) -> int:
+    """Run the CI set as two nox processes at once (see ``tools/ci_sessions.py``): the
+    computing group in the foreground, the waiting group with its output kept in a file
+    and printed once the first group is done. Both always run to the end; the status is
+    the first non-zero of the two (see :func:`closing_status`)."""
+    log_path = tmp / "waiting-sessions.log"
+    waiting_report = tmp / "waiting-report.json"
+    with log_path.open("w", encoding="utf-8") as log:
+        waiting = subprocess.Popen(
+            _nox(["--report", str(waiting_report), "-s", *CI_WAITING_SESSIONS]),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            compute_report = tmp / "compute-report.json"
+            computed = subprocess.call(
+                _nox(["--report", str(compute_report), "-s", *CI_COMPUTE_SESSIONS]), cwd=ROOT
+            )
+            waiting_names = ", ".join(CI_WAITING_SESSIONS)
+            print(f"run.py: computing sessions done; waiting for {waiting_names}", flush=True)
+            waited = waiting.wait()
+        finally:
+            if waiting.poll() is None:  # interrupted: stop the other group too
+                waiting.terminate()
+                waiting.wait()
+    sys.stdout.write(log_path.read_text("utf-8", errors="replace"))
+    sys.stdout.flush()
+    ci = "CI" in os.environ
+    statuses = [
+        closing_status(computed, compute_report, ci=ci, err=sys.stderr),
+        closing_status(waited, waiting_report, ci=ci, err=sys.stderr),
+    ]
+    print(
+        "run.py: computing sessions "
+        + ("passed" if statuses[0] == 0 else f"exit {statuses[0]}")
+        + ", waiting sessions "
+        + ("passed" if statuses[1] == 0 else f"exit {statuses[1]}"),
+        flush=True,
+    )
+    return next((status for status in statuses if status), 0)
 
 
 def with_report(nox_args: list[str], default: Path) -> tuple[list[str], Path]:
