@@ -306,7 +306,8 @@ def soak(args: argparse.Namespace) -> int:
                     restarts.append(state)
                     print(
                         f"soak: restart {len(restarts)} at {now - started:.1f} s: reloaded "
-                        f"{state.get('recovered_rollouts')} result(s), failed "
+                        f"{state.get('recovered_rollouts')} result(s), re-attached "
+                        f"{state.get('reattached_rollouts', 0)}, failed "
                         f"{state.get('failed_by_restart')} in flight",
                         flush=True,
                     )
