@@ -593,8 +593,7 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def soak(session: nox.Session) -> None:
-    """The chaos soak by hand: an eval of 500 items under SIGKILL restarts every 20 s and
-    Ray worker SIGKILLs every 15 s.
+    """The chaos soak by hand: 500 items, server and Ray worker SIGKILLs (RayBackend).
 
     Issue 28: ``tools/soak.py --ray`` starts a Ray head of its own on 127.0.0.1, serves the
     example Ray backend joined to it (named workers that outlive the server), SIGKILLs and
