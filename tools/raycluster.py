@@ -131,6 +131,9 @@ class LocalRayHead:
             log_path=log_path,
             env=child_env(self.env, drop=("RAY_AUTH_TOKEN", "RAY_ADDRESS")),
             cwd=ROOT,
+            # If the soak dies (even by SIGKILL), Linux SIGTERMs the head, which stops
+            # its cluster as on a normal stop.
+            die_with_parent=True,
         )
         try:
             self._wait_ready()
