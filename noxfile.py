@@ -271,6 +271,7 @@ def typecheck(session: nox.Session) -> None:
         "tools/demo.py",
         "tools/public_surface.py",
         "tools/soak.py",
+        "tools/raycluster.py",
         "noxfile.py",
     )
 
@@ -584,16 +585,25 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def soak(session: nox.Session) -> None:
-    """The chaos soak by hand: an eval of 500 items under SIGKILL restarts every 20 s.
+    """The chaos soak by hand: 500 items, server and Ray worker SIGKILLs (RayBackend).
 
-    Issue 28: the rollout server is SIGKILLed and restarted on its state file every ~20 s,
-    the chat stand-in answers 5% HTTP 500s. ``tools/soak.py`` checks that every item ends
-    with exactly one outcome and prints its figures; pass its options after ``--`` (``nox
-    -s soak -- --items 2000``). LocalBackend only: a Ray worker kill waits for RayBackend
-    re-attach (issue 28 item 3).
+    Issue 28: ``tools/soak.py --ray`` starts a Ray head of its own on 127.0.0.1, serves the
+    example Ray backend joined to it (named workers that outlive the server), SIGKILLs and
+    restarts the rollout server on its state file every ~20 s and one Ray worker every ~15
+    s, the chat stand-in answering 5% HTTP 500s; it checks that every item ends with
+    exactly one outcome, prints its figures and stops every process it started. Installs
+    rollout-server[ray]; pass options after ``--`` (``nox -s soak -- --items 2000``).
+    ``soak_short`` is the LocalBackend one of CI.
     """
-    install_wheels(session, "rollout-types", "rollout-client", "rollout-server")
-    session.run("python", "tools/soak.py", *session.posargs)
+    install_wheels(
+        session,
+        "rollout-types",
+        "rollout-client",
+        "rollout-server",
+        extras={"rollout-server": "ray"},
+    )
+    compile_installed(session)
+    session.run("python", "tools/soak.py", "--ray", *session.posargs)
 
 
 @nox.session(python="3.11")

@@ -16,10 +16,20 @@ and, while ``--chaos-sec`` lasts, SIGKILLs the rollout server (by its PID) every
 stop rule ended) is run again, which resumes it, at most ``--max-passes`` times. Then it reads
 the run's ``events.jsonl`` and checks that every item has exactly one final outcome (success,
 failed or skipped), none lost and none recorded twice, and prints its figures: restarts,
-Ray worker kills (0: this soak runs LocalBackend; RayBackend re-attach is issue 28 item 3),
-results reloaded (retained results, collected or not) and rollouts failed by the restarts
-(the restarted servers' ``/health``),
-items retried (recorded as an infrastructure failure, then run again), eval passes, elapsed.
+Ray worker kills, results reloaded (retained results, collected or not), rollouts
+re-attached (RayBackend) and rollouts failed by the restarts (the restarted servers'
+``/health``), items retried (recorded as an infrastructure failure, then run again), eval
+passes, elapsed.
+
+With ``--ray`` it first starts a Ray head on 127.0.0.1 (``tools/raycluster.py``: ``ray start
+--head --block`` with a temporary directory of its own) and serves the example Ray backend
+(``calculator_agent.ray_backend``, ``--ray-workers`` workers) joined to it, so the workers
+are named, detached actors that outlive each SIGKILL of the server and are re-attached by
+the next one; and, while the chaos lasts, it SIGKILLs one Ray worker (by the PID the
+server's ``/health`` ``ray.pool`` names, checked to be a process of that cluster) every
+``--worker-kill-every-sec``, in turn. At the end it stops the server (SIGTERM: its workers
+go with it), then the head, and fails when a process of the cluster outlived that. Without
+``--ray`` the server runs LocalBackend and no worker is killed.
 
 Every process is stopped by its own PID; every wait is bounded. Exit status 0 when the
 check holds, 1 when it does not (or a process misbehaved).
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -40,12 +51,17 @@ from typing import Any, Final
 
 from demo import BACKEND_TARGET, DATASET, EXAMPLES, ROOT, STANDIN, _script
 from devprocs import ManagedProcess, ProcessError, child_env
+from raycluster import LocalRayHead
+
+RAY_BACKEND_TARGET: Final = "calculator_agent.ray_backend:create_backend"
 
 FINAL_OUTCOMES: Final = frozenset({"success", "failed", "skipped"})
 EVAL_PASS_TIMEOUT_SEC: Final = 900.0
 """Bound on one ``rollout-eval run`` pass."""
 HEALTH_TIMEOUT_SEC: Final = 5.0
 TICK_SEC: Final = 0.1
+START_TIMEOUT_SEC: Final = 120.0
+"""Bound on one start of the rollout server (with ``--ray``: joining Ray, re-attaching)."""
 
 
 def fetch_health(url: str) -> dict[str, Any]:
@@ -59,8 +75,17 @@ def fetch_health(url: str) -> dict[str, Any]:
 class Server:
     """The rollout server: started on a port file, SIGKILLed and restarted on its port."""
 
-    def __init__(self, workdir: Path, *, latency_args: Sequence[str]) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        latency_args: Sequence[str],
+        ray: LocalRayHead | None = None,
+        ray_workers: int = 2,
+    ) -> None:
         self.workdir = workdir
+        self.ray = ray
+        self.ray_workers = ray_workers
         self.state = f"sqlite://{workdir / 'state.db'}"
         self.port = 0
         self.starts = 0
@@ -74,12 +99,22 @@ class Server:
     def _start(self) -> ManagedProcess:
         port_file = self.workdir / "server.port"
         port_file.unlink(missing_ok=True)
+        env = {
+            "ROLLOUT_ARTIFACT_ROOT": str(self.workdir / "trajectories"),
+            "EXAMPLE_AGENT_STREAM": "0",
+        }
+        if self.ray is not None:
+            env |= {
+                **self.ray.env,
+                "RAY_ADDRESS": self.ray.address,
+                "EXAMPLE_RAY_WORKERS": str(self.ray_workers),
+            }
         process = ManagedProcess(
             "rollout-server",
             [
                 *_script("rollout-server"),
                 "serve",
-                BACKEND_TARGET,
+                BACKEND_TARGET if self.ray is None else RAY_BACKEND_TARGET,
                 "--app-dir",
                 EXAMPLES,
                 "--host",
@@ -96,15 +131,10 @@ class Server:
             ],
             log_path=self.workdir / "server.log",
             append=True,
-            env=child_env(
-                {
-                    "ROLLOUT_ARTIFACT_ROOT": str(self.workdir / "trajectories"),
-                    "EXAMPLE_AGENT_STREAM": "0",
-                }
-            ),
+            env=child_env(env, drop=("RAY_AUTH_TOKEN",)),
             cwd=ROOT,
         )
-        self.port = process.wait_for_port(port_file=port_file)
+        self.port = process.wait_for_port(port_file=port_file, timeout_sec=START_TIMEOUT_SEC)
         self.starts += 1
         return process
 
@@ -115,6 +145,31 @@ class Server:
         self.process = self._start()
         state: dict[str, Any] = fetch_health(self.url).get("state", {})
         return state
+
+    def kill_worker(self, turn: int) -> int | None:
+        """SIGKILL one Ray worker, by the PID ``/health`` names (worker ``turn`` modulo the
+        pool, among those alive), after checking it is a process of the soak's cluster.
+
+        Returns:
+            The PID killed, or None when no worker could be (none listed, or the server
+            did not answer).
+        """
+        assert self.ray is not None
+        try:
+            pool = fetch_health(self.url).get("ray", {}).get("pool", [])
+        except OSError:
+            return None
+        pids = [entry["pid"] for entry in pool if isinstance(entry.get("pid"), int)]
+        if not pids:
+            return None
+        pid: int = pids[turn % len(pids)]
+        if not self.ray.owns(pid):
+            raise ProcessError(f"/health names worker pid {pid}, not a process of the soak's Ray")
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        return pid
 
     def stop(self) -> int:
         """SIGTERM, bounded; the exit status."""
@@ -226,13 +281,20 @@ def soak(args: argparse.Namespace) -> int:
     )
     server: Server | None = None
     evaluation: ManagedProcess | None = None
+    head: LocalRayHead | None = None
     restarts: list[dict[str, Any]] = []
+    worker_kills: list[int] = []
+    ray_strays: list[str] = []
     passes = 0
     try:
         chat_url = f"http://127.0.0.1:{standin.wait_for_port(port_file=standin_port)}/v1"
-        server = Server(workdir, latency_args=())
+        if args.ray:
+            head = LocalRayHead(workdir / "ray.log", num_cpus=args.ray_workers)
+            print(f"soak: Ray head at {head.address} (temp dir {head.temp_dir})", flush=True)
+        server = Server(workdir, latency_args=(), ray=head, ray_workers=args.ray_workers)
         chaos_until = time.monotonic() + args.chaos_sec
         next_restart = time.monotonic() + args.restart_every_sec
+        next_worker_kill = time.monotonic() + args.worker_kill_every_sec
         while passes < args.max_passes:
             passes += 1
             evaluation = run_pass(args, workdir, chat_url, server.url, n)
@@ -244,11 +306,22 @@ def soak(args: argparse.Namespace) -> int:
                     restarts.append(state)
                     print(
                         f"soak: restart {len(restarts)} at {now - started:.1f} s: reloaded "
-                        f"{state.get('recovered_rollouts')} result(s), failed "
+                        f"{state.get('recovered_rollouts')} result(s), re-attached "
+                        f"{state.get('reattached_rollouts', 0)}, failed "
                         f"{state.get('failed_by_restart')} in flight",
                         flush=True,
                     )
                     next_restart = time.monotonic() + args.restart_every_sec
+                if head is not None and now >= next_worker_kill and now < chaos_until:
+                    pid = server.kill_worker(len(worker_kills))
+                    if pid is not None:
+                        worker_kills.append(pid)
+                        print(
+                            f"soak: Ray worker kill {len(worker_kills)} at "
+                            f"{now - started:.1f} s: pid {pid}",
+                            flush=True,
+                        )
+                    next_worker_kill = time.monotonic() + args.worker_kill_every_sec
                 time.sleep(TICK_SEC)
             status = evaluation.stop(timeout_sec=30.0).status
             evaluation = None
@@ -257,25 +330,33 @@ def soak(args: argparse.Namespace) -> int:
                 break
         server_status = server.stop()
         server = None
+        if head is not None:
+            ray_strays = head.stop()
+            head = None
         elapsed = time.monotonic() - started
     finally:
         if evaluation is not None:
             evaluation.stop()
         if server is not None:
             server.stop()
+        if head is not None:
+            head.stop()
         standin.stop()
     problems, counts = check_journal(workdir / "runs" / "soak" / "events.jsonl", expected)
     figures = {
         "items": len(expected),
         "server restarts (SIGKILL)": len(restarts),
-        "Ray worker kills": 0,
+        "backend": "RayBackend" if args.ray else "LocalBackend",
+        "Ray worker kills (SIGKILL)": len(worker_kills),
         "results reloaded by restarts": sum(s.get("recovered_rollouts", 0) for s in restarts),
+        "rollouts re-attached by restarts": sum(s.get("reattached_rollouts", 0) for s in restarts),
         "rollouts failed by restarts": sum(s.get("failed_by_restart", 0) for s in restarts),
         **counts,
         "eval passes": passes,
         "elapsed (s)": round(elapsed, 1),
         "chat 500 rate": args.http_500_rate,
         "restart every (s)": args.restart_every_sec,
+        "worker kill every (s)": args.worker_kill_every_sec if args.ray else None,
         "chaos (s)": args.chaos_sec,
         "concurrency": args.concurrency,
     }
@@ -285,6 +366,16 @@ def soak(args: argparse.Namespace) -> int:
     (workdir / "figures.json").write_text(json.dumps(figures, indent=2) + "\n")
     if len(restarts) < args.min_restarts:
         problems.append(f"only {len(restarts)} restart(s); --min-restarts is {args.min_restarts}")
+    if args.ray and len(worker_kills) < args.min_worker_kills:
+        problems.append(
+            f"only {len(worker_kills)} Ray worker kill(s); --min-worker-kills is "
+            f"{args.min_worker_kills}"
+        )
+    if ray_strays:
+        problems.append(
+            f"{len(ray_strays)} process(es) of the soak's Ray outlived its stop (SIGKILLed): "
+            + "; ".join(ray_strays[:3])
+        )
     if server_status != 0:
         problems.append(f"the last rollout server exited with status {server_status} on SIGTERM")
     if problems:
@@ -313,13 +404,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-passes", type=int, default=10, help="eval passes (default 10)")
     parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve the example Ray backend on a Ray head of its own (127.0.0.1) and SIGKILL "
+        "a Ray worker every --worker-kill-every-sec (needs rollout-server[ray])",
+    )
+    parser.add_argument(
+        "--ray-workers", type=int, default=2, help="Ray workers (and head CPUs; default 2)"
+    )
+    parser.add_argument(
+        "--worker-kill-every-sec",
+        type=float,
+        default=15.0,
+        help="with --ray: Ray worker SIGKILL period (default 15)",
+    )
+    parser.add_argument(
+        "--min-worker-kills",
+        type=int,
+        default=1,
+        help="with --ray: fail with fewer worker kills (default 1)",
+    )
+    parser.add_argument(
         "--workdir", type=Path, default=ROOT / ".rollout-eval" / "soak", help="scratch directory"
     )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.ray_workers < 1:
+        parser.error(f"--ray-workers must be at least 1, not {args.ray_workers}")
+    if args.worker_kill_every_sec <= 0:
+        parser.error(f"--worker-kill-every-sec must be positive, not {args.worker_kill_every_sec}")
     try:
         return soak(args)
     except ProcessError as exc:
