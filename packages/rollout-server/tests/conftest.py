@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
@@ -653,3 +654,10 @@ def make_backend(request: pytest.FixtureRequest, backend_kind: str) -> MakeBacke
         return RayBackend(workflow, **kwargs, **options)
 
     return make
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    """An aiohttp client session for talking to a server the test started (a subprocess)."""
+    async with aiohttp.ClientSession() as client_session:
+        yield client_session
