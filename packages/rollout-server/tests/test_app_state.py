@@ -436,23 +436,41 @@ class TestRestart:
         await store.close()
 
     async def test_the_collect_window_waits_for_results_the_shutdown_stored(
-        self, make_harness: MakeHarness, tmp_path: Path, caplog: pytest.LogCaptureFixture
+        self, make_harness: MakeHarness, tmp_path: Path
     ) -> None:
         """The drain's cancellation publishes (stores) the running rollout's result; the
-        collect window waits for it to be collected and ends on its delivery."""
+        collect window opens for it (nobody polled yet) and ends on its delivery, long
+        before the window's 30 s."""
         stages = ShutdownTimeouts(
             drain_sec=0.0, cleanup_sec=2.0, force_sec=1.0, backend_sec=1.0, collect_sec=30.0
         )
         harness = await make_harness(state=url(tmp_path / "state.db"), shutdown_timeouts=stages)
         token = await harness.admit("r1")
         await harness.backend.started("r1")
-        with caplog.at_level(logging.INFO, logger="rollout_server.shutdown"):
+        window_open = asyncio.Event()
+
+        class WindowWatch(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if "Waiting up to 30.0s for pollers to collect 1 result(s)" in record.getMessage():
+                    window_open.set()
+
+        watch = WindowWatch()
+        shutdown_logger = logging.getLogger("rollout_server.shutdown")
+        level = shutdown_logger.level
+        shutdown_logger.addHandler(watch)
+        shutdown_logger.setLevel(logging.INFO)
+        try:
             drain = asyncio.ensure_future(harness.server.drain())
+            async with asyncio.timeout(EVENT_SEC):
+                await window_open.wait()
+            assert not drain.done()
             reply = await harness.poll_until("r1", token, "cancelled")
             async with asyncio.timeout(EVENT_SEC):
                 await drain
+        finally:
+            shutdown_logger.removeHandler(watch)
+            shutdown_logger.setLevel(level)
         assert reply.json["err_message"] == "cancelled"
-        assert "Waiting up to 30.0s for pollers to collect 1 result(s)" in caplog.text
 
     async def test_a_lapsed_lease_found_by_a_poll_is_answered_once_stored(
         self, make_harness: MakeHarness, tmp_path: Path
