@@ -247,7 +247,7 @@ def check_journal(path: Path, expected: set[tuple[int, int]]) -> tuple[list[str]
 
 
 def soak(args: argparse.Namespace) -> int:
-    workdir: Path = args.workdir
+    workdir: Path = args.workdir.resolve()  # the state URL needs an absolute path
     workdir.mkdir(parents=True, exist_ok=True)
     for stale in ("state.db", "state.db-wal", "state.db-shm", "eval.log", "server.log"):
         (workdir / stale).unlink(missing_ok=True)
