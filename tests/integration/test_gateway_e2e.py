@@ -15,13 +15,11 @@ sibling is masked (or, under ``retry``, admitted again), never scored 0.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import aiohttp
@@ -39,6 +37,8 @@ if str(ROOT / "examples") not in sys.path:
 
 from calculator_agent import AnswerGrader, CalculatorAgent  # noqa: E402
 
+from .standin_loader import load_standin  # noqa: E402
+
 GOLDEN = ROOT / "packages" / "rollout-types" / "tests" / "data" / "golden" / "osmosis-0.3.8"
 QUESTIONS = [
     ("What is 17 * 23?", "391"),
@@ -46,21 +46,6 @@ QUESTIONS = [
     ("What is 15 percent of 240?", "36"),
     ("What is 1000 - 1?", "999"),
 ]
-
-
-def load_standin() -> ModuleType:
-    name = "chat_standin_server"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "tools" / "chat_standin" / "server.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 STANDIN = load_standin()

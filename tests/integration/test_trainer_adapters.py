@@ -65,6 +65,8 @@ if str(ROOT / "examples") not in sys.path:
 
 from calculator_agent import AnswerGrader, CalculatorAgent  # noqa: E402
 
+from .standin_loader import load_standin  # noqa: E402
+
 TRL_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 VERL_OUTPUT_FIELDS = frozenset(
     {
@@ -82,21 +84,6 @@ VERL_OUTPUT_FIELDS = frozenset(
 )
 VERL_METRICS = frozenset({"generate_sequences", "tool_calls", "num_preempted"})
 QUESTION = [{"role": "user", "content": "What is 17 * 23?"}]
-
-
-def load_standin() -> Any:
-    name = "chat_standin_server"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "tools" / "chat_standin" / "server.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 STANDIN = load_standin()

@@ -5,13 +5,9 @@ misbehave on purpose (no token ids, malformed logprobs, dropped streams, huge an
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import socket
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import aiohttp
@@ -24,24 +20,9 @@ from rollout_server.gateway._capture import StreamReader, read_completion
 from rollout_server.gateway._ring import EndpointRing
 from rollout_types import TurnFlag
 
-ROOT = Path(__file__).resolve().parents[3]
+from .standin_loader import load_standin
+
 EVENT_SEC = 20.0
-
-
-def load_standin() -> ModuleType:
-    """Import tools/chat_standin/server.py as a module."""
-    name = "chat_standin_server"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "tools" / "chat_standin" / "server.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 STANDIN = load_standin()

@@ -4,11 +4,8 @@ ask sees exactly the result a server without a gateway sends."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any, ClassVar
 
 import aiohttp
@@ -38,23 +35,7 @@ from rollout_types import (
     structure_wire,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def load_standin() -> ModuleType:
-    name = "chat_standin_server"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "tools" / "chat_standin" / "server.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
+from .standin_loader import load_standin
 
 STANDIN = load_standin()
 QUESTION = "What is 17 * 23?"
