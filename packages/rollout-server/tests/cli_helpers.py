@@ -3,6 +3,7 @@ of their waits, and a way to start the command as a process (stopped by its PID)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -11,6 +12,8 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 EVENT_SEC = 10.0
 START_SEC = 60.0
@@ -130,3 +133,72 @@ def server_process(
                 process.wait(timeout=EVENT_SEC)
         if process.stdout is not None:
             process.stdout.close()
+
+
+class Served:
+    """One ``rollout-server serve`` process on 127.0.0.1 and the output it printed."""
+
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        *,
+        start_sec: float = START_SEC,
+        exit_sec: float = EXIT_SEC,
+    ) -> None:
+        self.process = process
+        self.start_sec = start_sec
+        self.exit_sec = exit_sec
+        self.lines: list[bytes] = []
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def output(self) -> str:
+        return b"".join(self.lines).decode(errors="replace")
+
+    async def until(self, pattern: re.Pattern[bytes]) -> re.Match[bytes]:
+        """Read output lines until one matches (bounded); fail if the process exits."""
+        loop = asyncio.get_running_loop()
+        stream = self.process.stdout
+        assert stream is not None
+        async with asyncio.timeout(self.start_sec):
+            while True:
+                line = await loop.run_in_executor(None, stream.readline)
+                if not line:
+                    pytest.fail(f"rollout-server exited early:\n{self.output}")
+                self.lines.append(line)
+                if match := pattern.search(line):
+                    return match
+
+    async def listening(self) -> None:
+        self.port = int((await self.until(LISTENING)).group(1))
+
+    async def exit_status(self) -> int:
+        """Wait (bounded) for the exit; read the rest of the output."""
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.exit_sec):
+            status = await loop.run_in_executor(None, self.process.wait)
+        stream = self.process.stdout
+        assert stream is not None
+        self.lines.append(await loop.run_in_executor(None, stream.read))
+        return status
+
+
+@contextlib.contextmanager
+def serve_target(
+    app_dir: Path,
+    target: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    start_sec: float = START_SEC,
+    exit_sec: float = EXIT_SEC,
+) -> Iterator[Served]:
+    """Serve ``target`` from ``app_dir`` (unbuffered output), its start and exit bounded by
+    ``start_sec`` and ``exit_sec``; stop it by its PID at the end."""
+    with server_process(
+        app_dir, target, *args, env={"PYTHONUNBUFFERED": "1", **(env or {})}
+    ) as process:
+        yield Served(process, start_sec=start_sec, exit_sec=exit_sec)

@@ -13,14 +13,11 @@ the test waits on those (bounded), never on timing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
-import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,6 +30,8 @@ from rollout_types import LEASE_HEADER
 ray = pytest.importorskip("ray")
 
 from rollout_server.ray._backend import state_namespace  # noqa: E402 - after the skip
+
+from .cli_helpers import Served, serve_target  # noqa: E402 - after the skip
 
 COMMAND_LOOP_ONLY = True
 """Run these tests once (see conftest): the servers under test have their own loop."""
@@ -57,6 +56,7 @@ from pathlib import Path
 import ray
 
 from rollout_server import AgentWorkflow, AgentWorkflowConfig, Grader, RayBackend
+
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -94,101 +94,23 @@ def app_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-class Served:
-    """One ``rollout-server serve reattach_targets:backend`` process on 127.0.0.1."""
-
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
-        self.process = process
-        self.lines: list[bytes] = []
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def output(self) -> str:
-        return b"".join(self.lines).decode(errors="replace")
-
-    async def until(self, pattern: re.Pattern[bytes]) -> re.Match[bytes]:
-        loop = asyncio.get_running_loop()
-        stream = self.process.stdout
-        assert stream is not None
-        async with asyncio.timeout(START_SEC):
-            while True:
-                line = await loop.run_in_executor(None, stream.readline)
-                if not line:
-                    pytest.fail(f"rollout-server exited early:\n{self.output}")
-                self.lines.append(line)
-                if match := pattern.search(line):
-                    return match
-
-    async def listening(self) -> None:
-        self.port = int((await self.until(LISTENING)).group(1))
-
-    async def exit_status(self) -> int:
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(EVENT_SEC):
-            status = await loop.run_in_executor(None, self.process.wait)
-        stream = self.process.stdout
-        assert stream is not None
-        self.lines.append(await loop.run_in_executor(None, stream.read))
-        return status
-
-
-@contextlib.contextmanager
-def serve(
-    app_dir: Path, cluster: Any, *args: str, env: dict[str, str] | None = None
-) -> Iterator[Served]:
-    """Start the server joining ``cluster``; stop it by its PID at the end (SIGTERM, then
-    SIGKILL)."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rollout_server",
-            "serve",
-            "reattach_targets:backend",
-            "--app-dir",
-            str(app_dir),
-            "--result-wait-timeout-sec",
-            "1",
-            "--drain-timeout-sec",
-            "0",
-            "--cleanup-timeout-sec",
-            "5",
-            "--collect-timeout-sec",
-            "0",
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+def serve(app_dir: Path, cluster: Any, *args: str, env: dict[str, str] | None = None) -> Any:
+    """Serve ``reattach_targets:backend`` joining ``cluster``, with short shutdown stages
+    (stopped by its PID)."""
+    return serve_target(
+        app_dir,
+        "reattach_targets:backend",
+        *("--result-wait-timeout-sec", "1", "--drain-timeout-sec", "0"),
+        *("--cleanup-timeout-sec", "5", "--collect-timeout-sec", "0"),
+        *args,
         env={
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
             "RAY_ADDRESS": cluster.address,
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
             **(env or {}),
         },
+        start_sec=START_SEC,
+        exit_sec=EVENT_SEC,
     )
-    try:
-        yield Served(process)
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=EVENT_SEC)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=EVENT_SEC)
-        if process.stdout is not None:
-            process.stdout.close()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client_session:
-        yield client_session
 
 
 def named_workers(namespace: str) -> list[str]:

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import signal
 import sqlite3
-import subprocess
-import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,6 +19,8 @@ import aiohttp
 import pytest
 
 from rollout_types import LEASE_HEADER
+
+from .cli_helpers import serve_target
 
 COMMAND_LOOP_ONLY = True
 """Run these tests once (see conftest): the servers under test have their own loop."""
@@ -47,6 +45,7 @@ from rollout_server import (
     Grader,
     LocalBackend,
 )
+
 
 
 class HoldingWorkflow(AgentWorkflow):
@@ -78,94 +77,16 @@ def app_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-class Served:
-    """One ``rollout-server serve restart_targets:backend`` process on 127.0.0.1."""
-
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
-        self.process = process
-        self.lines: list[bytes] = []
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def output(self) -> str:
-        return b"".join(self.lines).decode(errors="replace")
-
-    async def until(self, pattern: re.Pattern[bytes]) -> re.Match[bytes]:
-        """Read output lines until one matches (bounded); fail if the process exits."""
-        loop = asyncio.get_running_loop()
-        stream = self.process.stdout
-        assert stream is not None
-        async with asyncio.timeout(START_SEC):
-            while True:
-                line = await loop.run_in_executor(None, stream.readline)
-                if not line:
-                    pytest.fail(f"rollout-server exited early:\n{self.output}")
-                self.lines.append(line)
-                if match := pattern.search(line):
-                    return match
-
-    async def listening(self) -> None:
-        self.port = int((await self.until(LISTENING)).group(1))
-
-    async def exit_status(self) -> int:
-        """Wait (bounded) for the exit; read the rest of the output."""
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(EVENT_SEC):
-            status = await loop.run_in_executor(None, self.process.wait)
-        stream = self.process.stdout
-        assert stream is not None
-        self.lines.append(await loop.run_in_executor(None, stream.read))
-        return status
-
-
-@contextlib.contextmanager
-def serve(app_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Served]:
-    """Start the server; stop it by its PID at the end (SIGTERM, then SIGKILL)."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rollout_server",
-            "serve",
-            "restart_targets:backend",
-            "--app-dir",
-            str(app_dir),
-            "--result-wait-timeout-sec",
-            "1",
-            "--drain-timeout-sec",
-            "0",
-            "--cleanup-timeout-sec",
-            "1",
-            "--collect-timeout-sec",
-            "0",
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+def serve(app_dir: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    """Serve ``restart_targets:backend`` with short shutdown stages (stopped by its PID)."""
+    return serve_target(
+        app_dir,
+        "restart_targets:backend",
+        *("--result-wait-timeout-sec", "1", "--drain-timeout-sec", "0"),
+        *("--cleanup-timeout-sec", "1", "--collect-timeout-sec", "0"),
+        *args,
+        env=env,
     )
-    try:
-        yield Served(process)
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=EVENT_SEC)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=EVENT_SEC)
-        if process.stdout is not None:
-            process.stdout.close()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client_session:
-        yield client_session
 
 
 def init(rollout_id: str, *, hold: bool) -> dict[str, Any]:
