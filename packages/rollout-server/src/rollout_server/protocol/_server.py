@@ -115,8 +115,9 @@ class RolloutServer:
         process_id: A UUID4, new for every server instance (``/health`` ``process_id``).
         instance_id: ``$ROLLOUT_INSTANCE_ID``, else ``$_OSMOSIS_ROLLOUT_INSTANCE_ID``, else
             ``process_id``.
-        settings: The server's :class:`~rollout_server.ServerSettings`; each of its
-            fields but ``metrics`` is also an attribute of the same name (the 0.1 API).
+        settings: The server's :class:`~rollout_server.ServerSettings`; its fields of the
+            0.1 API, and ``state``, are also attributes of the same name (``metrics``,
+            ``gateway`` and ``model_endpoints`` are not: read them here).
         requires_auth: Whether requests must carry the API key.
         metrics: The Prometheus metrics (``GET /metrics``), or None when turned off.
         tracing: The OpenTelemetry spans of the server, or None when it does not trace.
